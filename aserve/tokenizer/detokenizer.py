@@ -1,0 +1,66 @@
+"""Incremental detokenization for streaming: emit only new, complete text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from aserve.tokenizer.tokenizer import Tokenizer
+
+_REPLACEMENT = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turn a growing id sequence into text deltas without re-decoding the whole sequence.
+
+    Like vLLM, it decodes only a window: ids[prefix:] minus ids[prefix:read]. ``prefix`` always
+    sits on a character boundary and the window is never empty, so per-token effects of a full
+    decode (a stripped leading space, byte-fallback pieces) come out the same as decoding it all.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
+        self._tok = tokenizer
+        self._skip = skip_special_tokens
+        self._ids: list[int] = []
+        self._prefix = 0  # start of the context window
+        self._read = 0  # ids before this are already emitted
+        self._parts: list[str] = []
+
+    @property
+    def text(self) -> str:
+        """All text emitted so far."""
+        if len(self._parts) > 1:
+            self._parts = ["".join(self._parts)]
+        return self._parts[0] if self._parts else ""
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self._ids
+
+    def push(self, ids: Sequence[int]) -> str:
+        """Add ``ids``; return the text they complete (possibly empty while bytes are pending)."""
+        tok = self._tok
+        if self._skip:
+            # decode() drops special ids anyway; dropping them here keeps windows small and aligned.
+            ids = [i for i in ids if not tok.is_special(i)]
+        if not ids:
+            return ""
+        self._ids.extend(ids)
+        prefix_text = tok.decode(self._ids[self._prefix : self._read], self._skip)
+        full_text = tok.decode(self._ids[self._prefix :], self._skip)
+        # A trailing U+FFFD may be a character whose remaining bytes have not arrived yet.
+        if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
+            return ""
+        delta = full_text[len(prefix_text) :]
+        self._prefix, self._read = self._read, len(self._ids)
+        self._parts.append(delta)
+        return delta
+
+    def flush(self) -> str:
+        """Emit what is held back at the end (an unfinished UTF-8 sequence becomes U+FFFD)."""
+        prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        full_text = self._tok.decode(self._ids[self._prefix :], self._skip)
+        delta = full_text[len(prefix_text) :]
+        if delta:
+            self._prefix, self._read = self._read, len(self._ids)
+            self._parts.append(delta)
+        return delta
