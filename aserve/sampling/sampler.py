@@ -1,0 +1,426 @@
+"""Batched, device-resident token sampling with seeded, batch-independent randomness.
+
+Everything in :func:`sample` runs as tensor ops on the logits' device with no host-device
+synchronisation: no ``.item()``/``.tolist()``/``.cpu()``, no boolean-mask indexing (whose
+output shape depends on data), and no Python branching on tensor values. Every decision that
+changes *which* ops run (is anything greedy, is top-p used, how wide a ``topk`` must be, ...)
+is made on the host by the engine and handed in as plain Python values on
+:class:`SamplingBatch`.
+
+Processing order (vLLM/OpenAI semantics where the two agree):
+
+1. penalties: repetition (prompt + output tokens), frequency and presence (output only);
+2. temperature (rows with temperature 0 are greedy: argmax of the penalised logits);
+3. top-k, 4. top-p (smallest most-likely set with cumulative probability >= top_p, always
+   keeping the top token), 5. min-p (drop tokens with prob < min_p * max_prob);
+6. draw with the exponential race: ``argmax_i p_i / E_i`` with ``E_i ~ Exp(1)`` i.i.d. picks
+   token ``i`` with probability exactly ``p_i`` (the first arrival of independent Poisson
+   clocks with rates ``p_i``). Unnormalised ``p`` is fine because argmax ignores scaling.
+
+Randomness
+----------
+The uniform behind ``E_i = -log(U_i)`` is a pure function of ``(seed, step, token index)``
+computed with integer tensor ops, so a request draws the same tokens whatever else is in
+the batch, at whatever row, on CPU or CUDA. The hash (all values are kept in ``[0, 2**32)``
+inside int64 tensors; every multiplier is odd and below ``2**31`` so a product of a 32-bit
+value and a multiplier is below ``2**63`` and int64 never overflows):
+
+* ``mix32(x)``: ``x ^= x >> 16; x = x * 0x7FEB352D mod 2**32; x ^= x >> 15;
+  x = x * 0x21F0AAAD mod 2**32; x ^= x >> 16`` -- a bijective xorshift-multiply finaliser
+  in the style of murmur3's fmix32 / "lowbias32" (both multipliers appear in Chris
+  Wellons' hash-prospector results).
+* row key (``[B]``, cheap): ``k = mix32(seed_hi ^ 0x3C6EF372); k = mix32(k ^ seed_lo);
+  k = mix32(k ^ step_lo)``.
+* token hash (``[V]``, cached per vocab size and device): ``h_i = mix32(mix32(i) ^ 0x5851F42D)``.
+* per element: ``x = mix32(h_i ^ k)``; ``U = (x >> 8 + 0.5) / 2**24``, a float32 that is
+  exact (24 significant bits) and lies strictly inside (0, 1), so ``E = -log U`` is finite
+  and positive.
+
+Because ``mix32`` is a strong bijection and ``h_i`` spreads token indices over the whole
+32-bit space, two different keys see practically disjoint pseudo-random inputs, so draws for
+different steps/seeds behave as independent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "SampleOutput",
+    "SamplingBatch",
+    "SamplingParamsLike",
+    "apply_penalties",
+    "make_sampling_batch",
+    "sample",
+    "uniform_noise",
+]
+
+# Temperatures below this are treated as greedy (same cut-off vLLM uses); dividing by them
+# would only overflow the logits.
+_GREEDY_EPS = 1e-5
+
+_MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31: (x < 2**32) * m < 2**63, so int64 products never overflow.
+_MUL1 = 0x7FEB352D
+_MUL2 = 0x21F0AAAD
+_SEED_SALT = 0x3C6EF372
+_TOKEN_SALT = 0x5851F42D
+_INV_2_24 = 1.0 / float(1 << 24)
+
+
+class SamplingParamsLike(Protocol):
+    """The per-request knobs the sampler reads (any object with these attributes).
+
+    Read-only properties so frozen dataclasses (e.g. ``aserve.sampling_params``) match."""
+
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def min_p(self) -> float: ...
+    @property
+    def repetition_penalty(self) -> float: ...
+    @property
+    def frequency_penalty(self) -> float: ...
+    @property
+    def presence_penalty(self) -> float: ...
+    @property
+    def logprobs(self) -> int | None: ...
+
+
+@dataclass
+class SamplingBatch:
+    """Per-step sampling inputs; tensors already live on the logits' device."""
+
+    temperature: Tensor  # [B] float32; 0 means greedy for that row
+    top_k: Tensor  # [B] int64; 0 or -1 means off (full vocab)
+    top_p: Tensor  # [B] float32 in (0, 1]; 1 means off
+    min_p: Tensor  # [B] float32 in [0, 1); 0 means off
+    seeds: Tensor  # [B] int64 per-request seed
+    steps: Tensor  # [B] int64 index of the output token being sampled (0 for the first)
+    repetition_penalty: Tensor  # [B] float32, 1 = off (prompt + output tokens)
+    frequency_penalty: Tensor  # [B] float32, 0 = off (output tokens only)
+    presence_penalty: Tensor  # [B] float32, 0 = off (output tokens only)
+    prompt_tokens: Tensor | None  # [B, Lp] int64 padded with -1; None if no repetition penalty
+    output_tokens: Tensor | None  # [B, Lo] int64 padded with -1; None if no penalty at all
+    # Host-side flags: they pick which ops run, so cheap batches skip work.
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+    any_penalty: bool
+    num_logprobs: int  # max top-logprobs requested in the batch; -1 = no row wants logprobs
+    # Largest top-k of any row (host value): lets a top-k-only batch use ``torch.topk``
+    # instead of a full-vocab sort. 0 = unknown, which falls back to the sorting path.
+    max_top_k: int = 0
+
+
+@dataclass
+class SampleOutput:
+    token_ids: Tensor  # [B] int64
+    logprobs: Tensor | None  # [B] float32, chosen token's logprob under the raw distribution
+    top_ids: Tensor | None  # [B, K] int64, K = num_logprobs (may be 0), descending
+    top_logprobs: Tensor | None  # [B, K] float32
+
+
+# --------------------------------------------------------------------------------------
+# Counter-based hash
+# --------------------------------------------------------------------------------------
+
+
+def _mix32(x: Tensor) -> Tensor:
+    """Out-of-place 32-bit finaliser on int64 values in [0, 2**32) (small tensors)."""
+    x = x ^ (x >> 16)
+    x = (x * _MUL1) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * _MUL2) & _MASK32
+    return x ^ (x >> 16)
+
+
+def _mix32_(x: Tensor, scratch: Tensor) -> Tensor:
+    """In-place ``_mix32`` for big [B, V] tensors; ``scratch`` (same shape) avoids
+    allocating a fresh temporary for every shift."""
+    torch.bitwise_right_shift(x, 16, out=scratch)
+    x.bitwise_xor_(scratch)
+    x.mul_(_MUL1).bitwise_and_(_MASK32)
+    torch.bitwise_right_shift(x, 15, out=scratch)
+    x.bitwise_xor_(scratch)
+    x.mul_(_MUL2).bitwise_and_(_MASK32)
+    torch.bitwise_right_shift(x, 16, out=scratch)
+    return x.bitwise_xor_(scratch)
+
+
+def _row_keys(seeds: Tensor, steps: Tensor) -> Tensor:
+    """[B] int64 seeds/steps -> [B] int64 32-bit keys. Arithmetic shift + mask gives the
+    high word of negative seeds as well."""
+    seed_lo = seeds & _MASK32
+    seed_hi = (seeds >> 32) & _MASK32
+    key = _mix32(seed_hi ^ _SEED_SALT)
+    key = _mix32(key ^ seed_lo)
+    return _mix32(key ^ (steps & _MASK32))
+
+
+_TOKEN_HASH_CACHE: dict[tuple[int, str], Tensor] = {}
+
+
+def _token_hash(vocab_size: int, device: torch.device) -> Tensor:
+    """[V] int64 hash of each token index; depends only on the index, so it is cached."""
+    cache_key = (vocab_size, str(device))
+    cached = _TOKEN_HASH_CACHE.get(cache_key)
+    if cached is None:
+        idx = torch.arange(vocab_size, dtype=torch.int64, device=device)
+        cached = _mix32(_mix32(idx) ^ _TOKEN_SALT)
+        _TOKEN_HASH_CACHE[cache_key] = cached
+    return cached
+
+
+def _exp_noise(token_hash: Tensor, keys: Tensor) -> Tensor:
+    """Exp(1) noise for every (row, token). token_hash: [V] or [B, N] int64 hashes of the
+    token indices involved; keys: [B] int64. Returns [B, N] float32, all finite and > 0."""
+    x = token_hash ^ keys[:, None]  # [B, N] fresh int64 tensor we own
+    scratch = torch.empty_like(x)
+    _mix32_(x, scratch)
+    x.bitwise_right_shift_(8)  # top 24 bits -> exactly representable in float32
+    noise = x.to(torch.float32)
+    # U = (m + 0.5) / 2**24 in (0, 1); E = -log(U) in (0, 17.4].
+    return noise.add_(0.5).mul_(_INV_2_24).log_().neg_()
+
+
+def uniform_noise(seeds: Tensor, steps: Tensor, token_ids: Tensor) -> Tensor:
+    """The uniforms the sampler uses: ``U[b, j]`` for token ``token_ids[b, j]`` of a request
+    with ``seeds[b]`` at ``steps[b]``. Exposed for tests and for debugging reproducibility.
+    seeds/steps: [B] int64; token_ids: [B, N] int64 -> [B, N] float32 in (0, 1)."""
+    x = _mix32(_mix32(_mix32(token_ids) ^ _TOKEN_SALT) ^ _row_keys(seeds, steps)[:, None])
+    return ((x >> 8).to(torch.float32) + 0.5) * _INV_2_24
+
+
+# --------------------------------------------------------------------------------------
+# Logit processing
+# --------------------------------------------------------------------------------------
+
+
+def apply_penalties(
+    logits: Tensor,
+    prompt_tokens: Tensor | None,
+    output_tokens: Tensor | None,
+    repetition_penalty: Tensor,
+    frequency_penalty: Tensor,
+    presence_penalty: Tensor,
+) -> Tensor:
+    """Return penalised logits (a new tensor; the input is not modified).
+
+    logits: [B, V] float32; prompt_tokens: [B, Lp] / output_tokens: [B, Lo] int64 padded
+    with -1 (either may be None); penalties: [B] float32.
+    """
+    batch, vocab = logits.shape
+    device = logits.device
+    # Padding (-1) is routed to an extra dummy column V that is dropped afterwards, so the
+    # scatter needs no data-dependent filtering.
+    seen = torch.zeros(batch, vocab + 1, dtype=torch.bool, device=device)  # [B, V+1]
+    counts: Tensor | None = None
+    if output_tokens is not None:
+        out_idx = torch.where(output_tokens < 0, vocab, output_tokens)  # [B, Lo]
+        counts_full = torch.zeros(batch, vocab + 1, dtype=torch.float32, device=device)
+        counts_full.scatter_add_(1, out_idx, torch.ones_like(out_idx, dtype=torch.float32))
+        counts = counts_full[:, :vocab]  # [B, V] occurrences in the output
+        seen.scatter_(1, out_idx, True)
+    if prompt_tokens is not None:
+        prompt_idx = torch.where(prompt_tokens < 0, vocab, prompt_tokens)  # [B, Lp]
+        seen.scatter_(1, prompt_idx, True)
+    seen_v = seen[:, :vocab]  # [B, V]
+
+    rep = repetition_penalty[:, None]  # [B, 1]
+    # vLLM semantics: shrink seen tokens' logits towards 0 (divide positives, multiply
+    # negatives), so the penalty always makes a seen token less likely.
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    out = torch.where(seen_v, penalised, logits)
+    if counts is not None:
+        out = out - frequency_penalty[:, None] * counts
+        out = out - presence_penalty[:, None] * (counts > 0).to(torch.float32)
+    return out
+
+
+def _race(scaled: Tensor, keep: Tensor | None, noise_hash: Tensor, keys: Tensor) -> Tensor:
+    """Exponential race over the last dim. scaled: [B, N] temperature-scaled logits;
+    keep: [B, N] bool or None; noise_hash: [V] or [B, N] token hashes aligned with
+    ``scaled``. Returns [B] int64 column indices of the winners."""
+    row_max = scaled.max(dim=-1, keepdim=True).values  # [B, 1], always a kept token
+    weights = torch.exp(scaled - row_max)  # [B, N] unnormalised probs in [0, 1]
+    if keep is not None:
+        weights.masked_fill_(~keep, 0.0)
+    weights.div_(_exp_noise(noise_hash, keys))
+    return weights.argmax(dim=-1)
+
+
+def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
+    """Sample one token per row. logits: [B, V] float32 (not modified)."""
+    vocab = logits.shape[1]
+    device = logits.device
+
+    # Logprobs always describe the raw model distribution, so take them first.
+    chosen_logprobs: Tensor | None = None
+    top_ids: Tensor | None = None
+    top_logprobs: Tensor | None = None
+    raw_logprobs: Tensor | None = None
+    if batch.num_logprobs >= 0:
+        raw_logprobs = torch.log_softmax(logits, dim=-1)  # [B, V]
+
+    processed = logits
+    if batch.any_penalty:
+        processed = apply_penalties(
+            logits,
+            batch.prompt_tokens,
+            batch.output_tokens,
+            batch.repetition_penalty,
+            batch.frequency_penalty,
+            batch.presence_penalty,
+        )
+
+    greedy_tokens = processed.argmax(dim=-1)  # [B]
+    if batch.all_greedy:
+        token_ids = greedy_tokens
+    else:
+        is_greedy = batch.temperature < _GREEDY_EPS  # [B]
+        # Greedy rows still go through the race (their result is discarded), so give them
+        # a harmless temperature instead of dividing by 0.
+        temp = torch.where(is_greedy, torch.ones_like(batch.temperature), batch.temperature)
+        scaled = processed / temp[:, None]  # [B, V] fresh tensor
+        keys = _row_keys(batch.seeds, batch.steps)  # [B]
+        token_hash = _token_hash(vocab, device)  # [V]
+        top_k = batch.top_k
+        k_on = top_k > 0  # [B]
+        k_eff = torch.where(k_on, top_k.clamp(max=vocab), vocab)  # [B] in [1, V]
+
+        if batch.any_top_p or (batch.any_top_k and batch.max_top_k <= 0):
+            sampled = _sample_sorted(scaled, batch, k_eff, keys, token_hash)
+        else:
+            keep: Tensor | None = None
+            if batch.any_top_k:
+                # Only the k-th largest value per row is needed: a narrow topk beats a sort.
+                kmax = min(batch.max_top_k, vocab)
+                top_vals = torch.topk(scaled, kmax, dim=-1, sorted=True).values  # [B, kmax]
+                kth = top_vals.gather(1, (k_eff.clamp(max=kmax) - 1)[:, None])  # [B, 1]
+                # Rows without top-k keep everything; ties with the k-th value are kept.
+                thresh = torch.where(k_on[:, None], kth, float("-inf"))
+                keep = scaled >= thresh
+            if batch.any_min_p:
+                # p_i < min_p * p_max  <=>  l_i < l_max + log(min_p); log(0) = -inf keeps all.
+                # The ratio to the max is unchanged by top-k renormalisation.
+                row_max = scaled.max(dim=-1, keepdim=True).values  # [B, 1]
+                min_keep = scaled >= row_max + torch.log(batch.min_p)[:, None]
+                keep = min_keep if keep is None else keep & min_keep
+            sampled = _race(scaled, keep, token_hash, keys)
+        token_ids = torch.where(is_greedy, greedy_tokens, sampled)
+
+    if raw_logprobs is not None:
+        chosen_logprobs = raw_logprobs.gather(1, token_ids[:, None]).squeeze(1)  # [B]
+        k = min(batch.num_logprobs, vocab)
+        if k > 0:
+            top = torch.topk(raw_logprobs, k, dim=-1, sorted=True)
+            top_logprobs, top_ids = top.values, top.indices  # [B, K]
+        else:
+            top_logprobs = raw_logprobs.new_empty((logits.shape[0], 0))
+            top_ids = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=device)
+    return SampleOutput(token_ids, chosen_logprobs, top_ids, top_logprobs)
+
+
+def _sample_sorted(
+    scaled: Tensor, batch: SamplingBatch, k_eff: Tensor, keys: Tensor, token_hash: Tensor
+) -> Tensor:
+    """Top-k / top-p / min-p on the descending sort of each row, then the race in sorted
+    space. Noise is looked up by *vocab* index, so the draw equals the unsorted path's."""
+    vocab = scaled.shape[1]
+    sorted_l, sorted_idx = scaled.sort(dim=-1, descending=True)  # [B, V] each
+    positions = torch.arange(vocab, device=scaled.device)  # [V]
+    keep = positions[None, :] < k_eff[:, None]  # [B, V] top-k (all True where off)
+    masked = sorted_l.masked_fill(~keep, float("-inf"))
+    if batch.any_top_p:
+        probs = torch.softmax(masked, dim=-1)  # [B, V] after top-k renormalisation
+        cum_before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
+        # Keep a token while the mass before it is < top_p: that is exactly the smallest
+        # prefix reaching top_p, and position 0 (mass 0) always survives. Rows with top_p=1
+        # skip the test, since float cumsum can hit 1.0 early and drop the tiny tail.
+        p_on = batch.top_p < 1.0  # [B]
+        keep &= ~p_on[:, None] | (cum_before < batch.top_p[:, None])
+    if batch.any_min_p:
+        min_keep = sorted_l >= sorted_l[:, :1] + torch.log(batch.min_p)[:, None]
+        keep &= min_keep
+    winner = _race(sorted_l, keep, token_hash[sorted_idx], keys)  # [B] sorted positions
+    return sorted_idx.gather(1, winner[:, None]).squeeze(1)
+
+
+# --------------------------------------------------------------------------------------
+# Host-side batch construction
+# --------------------------------------------------------------------------------------
+
+
+def _pad(rows: Sequence[Sequence[int]], device: torch.device | str) -> Tensor:
+    """Rows of token ids -> [B, max(1, longest)] int64 padded with -1."""
+    width = max([1, *(len(r) for r in rows)])
+    padded = [list(r) + [-1] * (width - len(r)) for r in rows]
+    return torch.tensor(padded, dtype=torch.int64, device=device)
+
+
+def make_sampling_batch(
+    params_list: Sequence[SamplingParamsLike],
+    seeds: Sequence[int],
+    steps: Sequence[int],
+    prompt_ids_list: Sequence[Sequence[int]],
+    output_ids_list: Sequence[Sequence[int]],
+    device: torch.device | str,
+) -> SamplingBatch:
+    """Build a :class:`SamplingBatch` from plain Python values (host work, one upload per
+    tensor). Host flags only count non-greedy rows for top-k/top-p/min-p, since greedy rows
+    ignore those knobs."""
+    n = len(params_list)
+    if not (len(seeds) == len(steps) == len(prompt_ids_list) == len(output_ids_list) == n):
+        raise ValueError("make_sampling_batch: all per-row lists must have the same length")
+
+    temps = [float(p.temperature) for p in params_list]
+    greedy = [t < _GREEDY_EPS for t in temps]
+    top_ks = [int(p.top_k) if p.top_k > 0 else 0 for p in params_list]
+    top_ps = [float(p.top_p) for p in params_list]
+    min_ps = [float(p.min_p) for p in params_list]
+    reps = [float(p.repetition_penalty) for p in params_list]
+    freqs = [float(p.frequency_penalty) for p in params_list]
+    press = [float(p.presence_penalty) for p in params_list]
+    sampled_rows = [i for i in range(n) if not greedy[i]]
+
+    any_rep = any(r != 1.0 for r in reps)
+    any_penalty = any_rep or any(f != 0.0 for f in freqs) or any(p != 0.0 for p in press)
+    requested = [p.logprobs for p in params_list if p.logprobs is not None]
+
+    def f32(values: list[float]) -> Tensor:
+        return torch.tensor(values, dtype=torch.float32, device=device)
+
+    def i64(values: Sequence[int]) -> Tensor:
+        return torch.tensor(list(values), dtype=torch.int64, device=device)
+
+    return SamplingBatch(
+        temperature=f32([0.0 if g else t for g, t in zip(greedy, temps, strict=True)]),
+        top_k=i64(top_ks),
+        top_p=f32(top_ps),
+        min_p=f32(min_ps),
+        seeds=i64(seeds),
+        steps=i64(steps),
+        repetition_penalty=f32(reps),
+        frequency_penalty=f32(freqs),
+        presence_penalty=f32(press),
+        prompt_tokens=_pad(prompt_ids_list, device) if any_rep else None,
+        output_tokens=_pad(output_ids_list, device) if any_penalty else None,
+        all_greedy=not sampled_rows,
+        any_top_k=any(top_ks[i] > 0 for i in sampled_rows),
+        any_top_p=any(top_ps[i] < 1.0 for i in sampled_rows),
+        any_min_p=any(min_ps[i] > 0.0 for i in sampled_rows),
+        any_penalty=any_penalty,
+        num_logprobs=max(requested) if requested else -1,
+        max_top_k=max([0, *(top_ks[i] for i in sampled_rows)]),
+    )
