@@ -1,0 +1,156 @@
+"""The ``aserve`` command: generate, info, verify (and serve once the server lands)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import anyio
+
+from aserve.config import EngineConfig
+from aserve.errors import AserveError
+from aserve.logs import configure_logging
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field (``--max-running-requests 32``, ``--disable-overlap``)."""
+    hints = get_type_hints(EngineConfig)
+    group = parser.add_argument_group("engine options")
+    for f in dataclasses.fields(EngineConfig):
+        flag = "--" + f.name.replace("_", "-")
+        typ = hints[f.name]
+        if f.name == "overlap":
+            group.add_argument("--disable-overlap", dest="overlap", action="store_false",
+                               help="run the scheduler serially (pipeline depth 1)")
+            continue
+        if typ is bool:
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)
+            continue
+        base = _base_type(typ)
+        default = f.default if f.default is not dataclasses.MISSING else None
+        kwargs: dict[str, Any] = {"dest": f.name, "default": default}
+        choices = _literal_choices(typ)
+        if choices:
+            kwargs["choices"] = choices
+        else:
+            kwargs["type"] = base
+        group.add_argument(flag, **kwargs)
+
+
+def _base_type(typ: Any) -> Any:
+    if get_origin(typ) in (Union, types.UnionType):
+        args = [a for a in get_args(typ) if a is not type(None)]
+        return _base_type(args[0])
+    if typ in (int, float, str):
+        return typ
+    return str
+
+
+def _literal_choices(typ: Any) -> list[str] | None:
+    if get_origin(typ) in (Union, types.UnionType):
+        for a in get_args(typ):
+            c = _literal_choices(a)
+            if c:
+                return c
+        return None
+    if str(get_origin(typ)).endswith("Literal"):
+        return [str(a) for a in get_args(typ)]
+    return None
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if hasattr(args, f.name)}
+    return EngineConfig(**values)
+
+
+async def _generate(args: argparse.Namespace) -> int:
+    from aserve.engine import Engine
+    from aserve.sampling_params import SamplingParams
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed_request,
+        stop=tuple(args.stop or ()),
+    )
+    async with Engine(engine_config_from_args(args)) as engine:
+        prompt = args.prompt
+        if args.chat:
+            from aserve.tokenizer.chat import apply_chat_template
+
+            prompt = apply_chat_template(engine.tokenizer, [{"role": "user", "content": prompt}])
+        sys.stdout.write(args.prompt if not args.chat else "")
+        sys.stdout.flush()
+        async for delta in engine.generate(prompt, params):
+            sys.stdout.write(delta.text)
+            sys.stdout.flush()
+            if delta.finish_reason:
+                sys.stdout.write("\n")
+                print(f"[finish_reason={delta.finish_reason}]", file=sys.stderr)
+        if args.stats:
+            print(json.dumps(engine.stats().as_dict(), indent=2), file=sys.stderr)
+    return 0
+
+
+async def _info(args: argparse.Namespace) -> int:
+    from aserve.engine import Engine
+
+    cfg = dataclasses.replace(engine_config_from_args(args), warmup=False)
+    async with Engine(cfg) as engine:
+        for k, v in engine.info().items():
+            print(f"{k:>32}: {v}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="aserve", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="stream a completion to the terminal")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--seed-request", type=int, default=None, help="per-request sampling seed")
+    gen.add_argument("--stop", action="append", help="stop string (repeatable)")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--stats", action="store_true", help="print engine stats at the end")
+    add_engine_args(gen)
+
+    info = sub.add_parser("info", help="print model, device, dtype and KV capacity")
+    add_engine_args(info)
+
+    verify = sub.add_parser("verify", help="run a seeded workload serially and with overlap and compare")
+    verify.add_argument("--num-requests", type=int, default=24)
+    verify.add_argument("--workload-seed", type=int, default=0)
+    add_engine_args(verify)
+
+    args = parser.parse_args(argv)
+    configure_logging(getattr(args, "log_format", "console"))
+    try:
+        if args.command == "generate":
+            return anyio.run(_generate, args)
+        if args.command == "info":
+            return anyio.run(_info, args)
+        if args.command == "verify":
+            from aserve.verify import run_verify
+
+            return anyio.run(run_verify, args)
+    except AserveError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Awaitable device events and in-order device streams, for CPU and CUDA.
+
+A *stream* runs submitted work in order. An *event* recorded on a stream completes when
+the stream reaches it; ``await event.wait()`` suspends only the awaiting coroutine. The
+event loop is woken from the device side through a thread-safe callback, so no coroutine
+ever blocks the loop on the device.
+
+* CPU: one worker thread is the stream. ``submit(fn)`` queues ``fn``; an event is a marker
+  in the same queue. The loop keeps planning and committing while the worker computes.
+* CUDA: work is enqueued on ``torch.cuda.Stream``s by the caller; an event is a
+  ``torch.cuda.Event``. One waiter thread blocks in ``cudaEventSynchronize`` (which releases
+  the GIL) on each awaited event in turn and then wakes the loop. Events on one stream
+  complete in order, so a single waiter thread loses nothing by waiting in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import torch
+
+
+class LoopWaker:
+    """Runs a callback on the event loop from any thread, without blocking that thread."""
+
+    def __init__(self) -> None:
+        self._call: Callable[[Callable[[], object]], object]
+        try:
+            loop = asyncio.get_running_loop()
+            self._call = loop.call_soon_threadsafe
+        except RuntimeError:
+            import trio  # anyio's other backend
+
+            token = trio.lowlevel.current_trio_token()
+            self._call = token.run_sync_soon
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        try:
+            self._call(fn)
+        except RuntimeError:
+            # The loop is closed (engine torn down): nobody is left to wake.
+            pass
+
+
+class DeviceEvent:
+    """A point in a device stream; ``await wait()`` returns once the device passed it.
+
+    ``host_time`` is the host clock (``time.perf_counter``) when the point was passed on
+    the CPU backend; on CUDA timing comes from ``cuda_event`` instead.
+    """
+
+    __slots__ = ("_done", "_error", "_flag", "cuda_event", "host_time", "name")
+
+    def __init__(self, name: str, cuda_event: torch.cuda.Event | None = None) -> None:
+        self.name = name
+        self._flag = anyio.Event()
+        self._done = False
+        self._error: BaseException | None = None
+        self.cuda_event = cuda_event
+        self.host_time = 0.0
+
+    def done(self) -> bool:
+        return self._done
+
+    def _complete(self, error: BaseException | None = None) -> None:
+        # Runs on the event loop thread.
+        self._error = error
+        self._done = True
+        self._flag.set()
+
+    async def wait(self) -> None:
+        """Suspend until the device passed this event. Cancellation only stops the wait."""
+        if not self._done:
+            await self._flag.wait()
+        if self._error is not None:
+            raise DeviceError(f"device work before event {self.name!r} failed") from self._error
+
+
+class DeviceError(RuntimeError):
+    """Work on the device stream raised; the engine cannot continue with this step."""
+
+
+class CpuStream:
+    """A worker thread that runs submitted callables in order: the CPU's 'device stream'."""
+
+    def __init__(self, waker: LoopWaker, name: str = "aserve-cpu-stream") -> None:
+        self._waker = waker
+        # (work, is_marker); None stops the thread.
+        self._queue: queue.SimpleQueue[tuple[Callable[[], None], bool] | None] = queue.SimpleQueue()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        self._queue.put((fn, False))
+
+    def record(self, name: str) -> DeviceEvent:
+        event = DeviceEvent(name)
+
+        def mark() -> None:
+            event.host_time = time.perf_counter()
+            err = self._error
+            self._waker.call_soon(lambda: event._complete(err))
+
+        self._queue.put((mark, True))
+        return event
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, is_marker = item
+            if self._error is not None and not is_marker:
+                continue  # after a failure only markers run, so every waiter learns of it
+            try:
+                fn()
+            except BaseException as exc:
+                self._error = exc
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+
+class CudaEventWaiter:
+    """One helper thread that turns completed CUDA events into loop wake-ups."""
+
+    def __init__(self, waker: LoopWaker) -> None:
+        self._waker = waker
+        self._queue: queue.SimpleQueue[DeviceEvent | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="aserve-cuda-waiter", daemon=True)
+        self._thread.start()
+
+    def watch(self, event: DeviceEvent) -> None:
+        self._queue.put(event)
+
+    def _run(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                return
+            err: BaseException | None = None
+            try:
+                assert event.cuda_event is not None
+                event.cuda_event.synchronize()
+            except BaseException as exc:
+                err = exc
+            event.host_time = time.perf_counter()
+            self._waker.call_soon(lambda ev=event, e=err: ev._complete(e))  # type: ignore[misc]
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=30)
+
+
+def cuda_record(stream: Any, waiter: CudaEventWaiter, name: str, *, watch: bool = True) -> DeviceEvent:
+    """Record a timing CUDA event on ``stream``; when ``watch``, the loop is woken on completion."""
+    cuda_event = torch.cuda.Event(enable_timing=True)
+    cuda_event.record(stream)
+    event = DeviceEvent(name, cuda_event)
+    if watch:
+        waiter.watch(event)
+    return event

@@ -1,0 +1,107 @@
+"""Start-up work that runs in a worker thread: load weights and tokenizer, size the KV pool."""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aserve.config import EngineConfig
+from aserve.errors import InvalidRequestError, ModelLoadError
+from aserve.kv.pool import KVPool, bytes_per_token
+from aserve.models.config import ModelConfig
+from aserve.models.loader import load_model
+from aserve.tokenizer.tokenizer import Tokenizer
+
+_CPU_MAX_CONTEXT = 8192
+
+
+@dataclass
+class LoadedEngine:
+    model: torch.nn.Module
+    model_config: ModelConfig
+    model_path: Path
+    tokenizer: Tokenizer
+    pool: KVPool
+    device: torch.device
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...]
+    load_s: float
+
+
+class _Progress:
+    """A tqdm bar on stderr for long loads (quiet when stderr is not a terminal and not asked)."""
+
+    def __init__(self, desc: str) -> None:
+        self.desc = desc
+        self._bar: Any = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self._bar is None:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total, desc=self.desc, unit="tensor", file=sys.stderr, leave=False,
+                             disable=not sys.stderr.isatty())
+        self._bar.update(done - self._bar.n)
+        if done >= total:
+            self._bar.close()
+
+
+def load_tokenizer(path: Path) -> Tokenizer:
+    if path.is_file() and path.suffix == ".gguf":
+        return Tokenizer.from_gguf(path)
+    return Tokenizer.from_hf_dir(path)
+
+
+def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
+    t0 = time.perf_counter()
+    device = cfg.torch_device
+    dtype = cfg.torch_dtype
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequestError("device 'cuda' was asked for but CUDA is not available; use device='cpu'")
+    model_config, model, path = load_model(cfg.model, dtype, device, progress=_Progress("loading weights"))
+    tokenizer = load_tokenizer(path)
+    eos = tuple(dict.fromkeys((*model_config.eos_token_ids, *tokenizer.eos_token_ids)))
+    max_context = model_config.max_position_embeddings
+    if cfg.max_context is not None:
+        max_context = min(max_context, cfg.max_context)
+    elif device.type == "cpu":
+        max_context = min(max_context, _CPU_MAX_CONTEXT)
+    per_token = bytes_per_token(model_config, dtype)
+    if cfg.kv_cache_bytes is not None:
+        budget = cfg.kv_cache_bytes
+    elif device.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(device)
+        budget = int(free * cfg.mem_fraction)
+    else:
+        budget = cfg.cpu_kv_cache_bytes
+    num_pages = budget // (per_token * cfg.page_size)
+    if num_pages < 1:
+        raise ModelLoadError(
+            f"KV budget of {budget} bytes holds no page of {cfg.page_size} tokens "
+            f"({per_token} bytes per token); raise kv_cache_bytes or mem_fraction"
+        )
+    pool = KVPool(
+        model_config,
+        num_pages=num_pages,
+        page_size=cfg.page_size,
+        num_rows=cfg.max_running_requests + 1,
+        max_context=max_context,
+        dtype=dtype,
+        device=device,
+    )
+    return LoadedEngine(
+        model=model,
+        model_config=model_config,
+        model_path=path,
+        tokenizer=tokenizer,
+        pool=pool,
+        device=device,
+        dtype=dtype,
+        eos_token_ids=eos,
+        load_s=time.perf_counter() - t0,
+    )

@@ -1,0 +1,314 @@
+"""Device work for one step: inputs in, forward + sample, tokens out to the host.
+
+``ModelRunner.launch(plan)`` turns a plan into a ``Step`` and returns *before* the device
+finishes. The step carries awaitable events for the token states the design names:
+
+* ``materialized``: sampled tokens are in the FutureMap; the next step may consume them.
+* ``copied``: the device-to-host copy landed; the committer may read ``step.outputs``.
+
+On CPU every device-side closure runs on the worker thread in submission order. On CUDA the
+closures run inline on the caller's thread, enqueueing kernels: metadata H2D on the schedule
+stream, forward and sampling on the forward stream, D2H on the copy stream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from aserve.attention.metadata import AttentionMetadata
+from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
+from aserve.kv.pool import KVPool
+from aserve.sampling.sampler import SampleOutput, make_sampling_batch, sample
+from aserve.scheduler.future_map import FutureMap
+from aserve.scheduler.policy import Plan
+from aserve.scheduler.req import Req
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    """What the committer needs of one sequence, as it was at launch (the snapshot)."""
+
+    req: Req
+    generation: int
+    samples: bool
+    num_new_tokens: int
+    is_decode: bool
+
+
+@dataclass
+class StepOutputs:
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+
+
+@dataclass
+class Step:
+    index: int
+    entries: tuple[StepEntry, ...]
+    num_tokens: int
+    num_decodes: int
+    forward_begin: DeviceEvent
+    materialized: DeviceEvent
+    copied: DeviceEvent
+    launch_time: float  # host clock when launch began
+    plan_s: float = 0.0
+    launch_s: float = 0.0
+    outputs: StepOutputs | None = None
+    # Device tensors and host buffers that must outlive the device's use of them.
+    keepalive: list[Any] = field(default_factory=list)
+    _read_outputs: Callable[[], StepOutputs] | None = None
+
+    def read_outputs(self) -> StepOutputs:
+        """Host copies of the sampled tokens; valid only once ``copied`` completed."""
+        assert self.copied.done(), f"step {self.index} read before its copy event"
+        if self.outputs is None:
+            assert self._read_outputs is not None
+            self.outputs = self._read_outputs()
+        return self.outputs
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        device: torch.device,
+        future_map: FutureMap,
+        cpu_stream: CpuStream | None,
+        cuda_waiter: CudaEventWaiter | None,
+    ) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = device
+        self.future_map = future_map
+        self.cpu_stream = cpu_stream
+        self.cuda_waiter = cuda_waiter
+        self._index = 0
+        if device.type == "cuda":
+            self.schedule_stream = torch.cuda.Stream(device)
+            self.forward_stream = torch.cuda.Stream(device)
+            self.copy_stream = torch.cuda.Stream(device)
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    def launch(self, plan: Plan, plan_s: float = 0.0) -> Step:
+        t0 = time.perf_counter()
+        host = self._build_host_inputs(plan)
+        index = self._index
+        self._index += 1
+        if self.is_cuda:
+            step = self._launch_cuda(index, plan, host)
+        else:
+            step = self._launch_cpu(index, plan, host)
+        step.launch_time = t0
+        step.plan_s = plan_s
+        step.launch_s = time.perf_counter() - t0
+        return step
+
+    # -- host side -------------------------------------------------------------
+
+    def _build_host_inputs(self, plan: Plan) -> dict[str, Any]:
+        rows: list[int] = []
+        gens: list[int] = []
+        prefix: list[int] = []
+        extend: list[int] = []
+        slots: list[int] = []
+        table_rows: list[int] = []
+        table_cols: list[int] = []
+        input_ids: list[int] = []
+        decode_token_idx: list[int] = []
+        decode_rows: list[int] = []
+        decode_gens: list[int] = []
+        sample_mask: list[bool] = []
+        pending: list[tuple[int, int]] = []  # (batch row, column in output_tokens) filled on the device
+        params, seeds, steps, prompts, outputs = [], [], [], [], []
+        for i, s in enumerate(plan.seqs):
+            rows.append(s.row)
+            gens.append(s.generation)
+            prefix.append(s.prefix_len)
+            extend.append(s.extend_len)
+            slots.extend(s.slots)
+            table_rows.extend([s.row] * s.extend_len)
+            table_cols.extend(range(s.prefix_len, s.prefix_len + s.extend_len))
+            if s.input_ids is None:
+                decode_token_idx.append(len(input_ids))
+                decode_rows.append(s.row)
+                decode_gens.append(s.generation)
+                input_ids.append(0)
+            else:
+                input_ids.extend(s.input_ids)
+            sample_mask.append(s.samples)
+            req = s.req
+            params.append(req.params)
+            seeds.append(req.seed)
+            steps.append(s.output_index)
+            prompts.append(req.prompt_ids)
+            out = list(req.output_ids)
+            if s.pending_output:
+                pending.append((i, len(out)))
+                out.append(0)  # placeholder, replaced by the FutureMap value on the device
+            outputs.append(out)
+        positions = [p for s in plan.seqs for p in range(s.prefix_len, s.prefix_len + s.extend_len)]
+        logits_idx: list[int] = []
+        acc = 0
+        for e in extend:
+            acc += e
+            logits_idx.append(acc - 1)
+        i64 = torch.int64
+        return {
+            "rows": torch.tensor(rows, dtype=i64),
+            "gens": torch.tensor(gens, dtype=i64),
+            "prefix": torch.tensor(prefix, dtype=i64),
+            "extend": torch.tensor(extend, dtype=i64),
+            "slots": torch.tensor(slots, dtype=i64),
+            "table_rows": torch.tensor(table_rows, dtype=i64),
+            "table_cols": torch.tensor(table_cols, dtype=i64),
+            "input_ids": torch.tensor(input_ids, dtype=i64),
+            "positions": torch.tensor(positions, dtype=i64),
+            "logits_idx": torch.tensor(logits_idx, dtype=i64),
+            "decode_token_idx": torch.tensor(decode_token_idx, dtype=i64),
+            "decode_rows": torch.tensor(decode_rows, dtype=i64),
+            "decode_gens": torch.tensor(decode_gens, dtype=i64),
+            "sample_idx": torch.tensor([i for i, m in enumerate(sample_mask) if m], dtype=i64),
+            "pending_b": torch.tensor([b for b, _ in pending], dtype=i64),
+            "pending_c": torch.tensor([c for _, c in pending], dtype=i64),
+            "pending_decode": torch.tensor(
+                [decode_rows.index(plan.seqs[b].row) for b, _ in pending], dtype=i64
+            ),
+            "prefix_cpu": prefix,
+            "extend_cpu": extend,
+            "sampling": (params, seeds, steps, prompts, outputs),
+        }
+
+    def _entries(self, plan: Plan) -> tuple[StepEntry, ...]:
+        return tuple(
+            StepEntry(s.req, s.generation, s.samples, s.extend_len, s.input_ids is None) for s in plan.seqs
+        )
+
+    # -- device side -------------------------------------------------------------
+
+    def _device_work(self, dev: dict[str, Any]) -> SampleOutput:
+        """Everything between 'inputs on the device' and 'tokens in the FutureMap'."""
+        table = self.pool.table_device
+        table[dev["table_rows"], dev["table_cols"]] = dev["slots"]
+        input_ids = dev["input_ids"]
+        gathered = None
+        if dev["decode_rows"].numel() > 0:
+            gathered = self.future_map.gather(dev["decode_rows"], dev["decode_gens"])
+            input_ids = input_ids.index_put((dev["decode_token_idx"],), gathered)
+        meta = AttentionMetadata(
+            positions=dev["positions"],
+            out_cache_loc=dev["slots"],
+            req_pool_indices=dev["rows"],
+            prefix_lens=dev["prefix"],
+            extend_lens=dev["extend"],
+            seq_lens=dev["prefix"] + dev["extend"],
+            req_to_token=table,
+            logits_indices=dev["logits_idx"],
+            prefix_lens_cpu=dev["prefix_cpu"],
+            extend_lens_cpu=dev["extend_cpu"],
+        )
+        with torch.inference_mode():
+            logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B, V]
+            sbatch = dev["sbatch"]
+            if sbatch.output_tokens is not None and gathered is not None and dev["pending_b"].numel() > 0:
+                sbatch.output_tokens[dev["pending_b"], dev["pending_c"]] = gathered[dev["pending_decode"]]
+            out = sample(logits, sbatch)
+        idx = dev["sample_idx"]  # host-built indices: no data-dependent shapes, no sync
+        self.future_map.publish(dev["rows"][idx], out.token_ids[idx], dev["gens"][idx])
+        return out
+
+    def _launch_cpu(self, index: int, plan: Plan, host: dict[str, Any]) -> Step:
+        stream = self.cpu_stream
+        assert stream is not None
+        params, seeds, steps, prompts, outputs = host["sampling"]
+        host["sbatch"] = make_sampling_batch(params, seeds, steps, prompts, outputs, self.device)
+        result: dict[str, Any] = {}
+        begin = stream.record(f"step{index}.forward_begin")
+        stream.submit(lambda: result.__setitem__("out", self._device_work(host)))
+        materialized = stream.record(f"step{index}.materialized")
+
+        def copy_out() -> None:
+            out: SampleOutput = result["out"]
+            result["host"] = _to_host(out)
+
+        stream.submit(copy_out)
+        copied = stream.record(f"step{index}.copied")
+        step = Step(
+            index=index,
+            entries=self._entries(plan),
+            num_tokens=plan.num_tokens,
+            num_decodes=plan.num_decodes,
+            forward_begin=begin,
+            materialized=materialized,
+            copied=copied,
+            launch_time=0.0,
+        )
+        step._read_outputs = lambda: result["host"]
+        return step
+
+    def _launch_cuda(self, index: int, plan: Plan, host: dict[str, Any]) -> Step:
+        waiter = self.cuda_waiter
+        assert waiter is not None
+        params, seeds, steps, prompts, outputs = host["sampling"]
+        dev: dict[str, Any] = {"prefix_cpu": host["prefix_cpu"], "extend_cpu": host["extend_cpu"]}
+        with torch.cuda.stream(self.schedule_stream):
+            for k, v in host.items():
+                if isinstance(v, torch.Tensor):
+                    dev[k] = v.pin_memory().to(self.device, non_blocking=True)
+            dev["sbatch"] = make_sampling_batch(params, seeds, steps, prompts, outputs, self.device)
+        self.forward_stream.wait_stream(self.schedule_stream)
+        with torch.cuda.stream(self.forward_stream):
+            begin = cuda_record(self.forward_stream, waiter, f"step{index}.forward_begin", watch=False)
+            out = self._device_work(dev)
+            materialized = cuda_record(self.forward_stream, waiter, f"step{index}.materialized", watch=False)
+        self.copy_stream.wait_stream(self.forward_stream)
+        bufs: dict[str, torch.Tensor] = {}
+        with torch.cuda.stream(self.copy_stream):
+            for name in ("token_ids", "logprobs", "top_ids", "top_logprobs"):
+                t = getattr(out, name)
+                if t is not None:
+                    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    buf.copy_(t, non_blocking=True)
+                    bufs[name] = buf
+            copied = cuda_record(self.copy_stream, waiter, f"step{index}.copied")
+        step = Step(
+            index=index,
+            entries=self._entries(plan),
+            num_tokens=plan.num_tokens,
+            num_decodes=plan.num_decodes,
+            forward_begin=begin,
+            materialized=materialized,
+            copied=copied,
+            launch_time=0.0,
+            keepalive=[dev, out, bufs],
+        )
+        step._read_outputs = lambda: _bufs_to_outputs(bufs)
+        return step
+
+
+def _to_host(out: SampleOutput) -> StepOutputs:
+    return StepOutputs(
+        token_ids=out.token_ids.tolist(),
+        logprobs=None if out.logprobs is None else out.logprobs.tolist(),
+        top_ids=None if out.top_ids is None else out.top_ids.tolist(),
+        top_logprobs=None if out.top_logprobs is None else out.top_logprobs.tolist(),
+    )
+
+
+def _bufs_to_outputs(bufs: dict[str, torch.Tensor]) -> StepOutputs:
+    return StepOutputs(
+        token_ids=bufs["token_ids"].tolist(),
+        logprobs=bufs["logprobs"].tolist() if "logprobs" in bufs else None,
+        top_ids=bufs["top_ids"].tolist() if "top_ids" in bufs else None,
+        top_logprobs=bufs["top_logprobs"].tolist() if "top_logprobs" in bufs else None,
+    )

@@ -1,0 +1,97 @@
+"""Per-request generation parameters, validated when a request is admitted."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from aserve.errors import InvalidRequestError
+
+_MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """What to generate and when to stop.
+
+    ``temperature == 0`` is greedy. ``top_k`` of 0 or -1 disables top-k. ``seed`` makes
+    sampling reproducible whatever else runs in the same batch. ``stop`` strings are
+    matched on the text and never appear in (or stream past) the output; ``stop_token_ids``
+    end the request on those ids (the id is kept in ``token_ids``, its text is not emitted
+    when it is a special token).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    repetition_penalty: float = 1.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    stop: tuple[str, ...] = field(default_factory=tuple)
+    stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    n: int = 1
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+    def __post_init__(self) -> None:
+        # Accept lists/str for convenience; store tuples so the object stays hashable.
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        elif not isinstance(self.stop, tuple):
+            object.__setattr__(self, "stop", tuple(self.stop))
+        if not isinstance(self.stop_token_ids, tuple):
+            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(param: str, msg: str) -> InvalidRequestError:
+            return InvalidRequestError(f"{param} {msg}", param=param)
+
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_real(self.temperature) or self.temperature < 0 or math.isnan(self.temperature):
+            raise bad("temperature", f"must be >= 0 (0 means greedy), got {self.temperature!r}")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
+            raise bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise bad("top_k", f"must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
+        if not _is_real(self.min_p) or not 0.0 <= self.min_p < 1.0:
+            raise bad("min_p", f"must be in [0, 1), got {self.min_p!r}")
+        if self.seed is not None and (not _is_int(self.seed) or not -(2**63) <= self.seed < 2**63):
+            raise bad("seed", f"must be a 64-bit integer, got {self.seed!r}")
+        if not _is_real(self.repetition_penalty) or not 0.0 < self.repetition_penalty <= 10.0:
+            raise bad("repetition_penalty", f"must be in (0, 10], got {self.repetition_penalty!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not -2.0 <= value <= 2.0:
+                raise bad(name, f"must be in [-2, 2], got {value!r}")
+        if any(not isinstance(s, str) or not s for s in self.stop):
+            raise bad("stop", "must be non-empty strings")
+        if len(self.stop) > 16:
+            raise bad("stop", f"allows at most 16 strings, got {len(self.stop)}")
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "must be non-negative integers")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= _MAX_LOGPROBS):
+            raise bad("logprobs", f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.logprobs!r}")
+        if not _is_int(self.n) or not 1 <= self.n <= 64:
+            raise bad("n", f"must be an integer in [1, 64], got {self.n!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_updates(self, **changes: object) -> SamplingParams:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _is_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_real(x: object) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(float(x))

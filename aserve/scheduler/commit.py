@@ -1,0 +1,109 @@
+"""The commit point: the only place a request's user-visible truth changes.
+
+For each sequence of a finished step, in the order it was launched (the snapshot), the
+committer appends the sampled token to ``Req.output_ids``, checks the stop conditions,
+hands the token to the request's output cell and, once no step in flight reads the
+request any more, returns its KV and row. A result for a request that already finished
+(overshoot: it was planned into the next step before its end was known) is dropped here:
+never appended, never streamed, never counted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from aserve.outputs import TokenLogprob
+from aserve.runner import Step
+from aserve.scheduler.policy import Scheduler
+from aserve.scheduler.req import Req
+from aserve.tokenizer.detokenizer import IncrementalDetokenizer
+from aserve.tokenizer.tokenizer import Tokenizer
+
+
+class Committer:
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        tokenizer: Tokenizer,
+        on_finish: Callable[[Req], None],
+    ) -> None:
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.on_finish = on_finish
+        # Text-side state for requests with stop strings (others detokenize on the consumer side).
+        self._stop_detok: dict[int, IncrementalDetokenizer] = {}
+        self.num_dropped_overshoot = 0
+        self.output_tokens = 0
+
+    def commit(self, step: Step) -> None:
+        outs = step.read_outputs()
+        now = time.perf_counter()
+        for i, entry in enumerate(step.entries):
+            req = entry.req
+            req.inflight -= 1
+            assert req.inflight >= 0, f"{req.rid}: more commits than launches"
+            if entry.samples:
+                if req.finished:
+                    self.num_dropped_overshoot += 1
+                else:
+                    assert req.generation == entry.generation, (
+                        f"{req.rid}: row generation {req.generation} != launched {entry.generation}"
+                    )
+                    logprob = None
+                    if req.params.logprobs is not None and outs.logprobs is not None:
+                        top: tuple[tuple[int, float], ...] = ()
+                        if outs.top_ids is not None and outs.top_logprobs is not None:
+                            k = req.params.logprobs
+                            top = tuple(zip(outs.top_ids[i][:k], outs.top_logprobs[i][:k]))
+                        logprob = TokenLogprob(outs.token_ids[i], outs.logprobs[i], top)
+                    self._append(req, outs.token_ids[i], logprob, now)
+            if req.finished:
+                self.scheduler.release_if_done(req)
+
+    def _append(self, req: Req, token: int, logprob: TokenLogprob | None, now: float) -> None:
+        req.output_ids.append(token)
+        self.output_tokens += 1
+        if logprob is not None:
+            req.output_logprobs.append(logprob)
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.cell.push(token, logprob)
+        if token in req.stop_ids:
+            stop_reason = token if token in req.params.stop_token_ids else None
+            self.finish(req, "stop", stop_reason)
+        elif req.params.stop and self._hit_stop_string(req, token):
+            pass  # finished inside
+        elif len(req.output_ids) >= req.max_new_tokens:
+            self.finish(req, "length")
+
+    def _hit_stop_string(self, req: Req, token: int) -> bool:
+        detok = self._stop_detok.get(id(req))
+        if detok is None:
+            detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=req.params.skip_special_tokens)
+            self._stop_detok[id(req)] = detok
+        before = len(detok.text)
+        detok.push([token])
+        text = detok.text
+        longest = max(len(s) for s in req.params.stop)
+        start = max(0, before - longest + 1)
+        best: tuple[int, str] | None = None
+        for s in req.params.stop:
+            at = text.find(s, start)
+            if at != -1 and (best is None or at < best[0]):
+                best = (at, s)
+        if best is None:
+            return False
+        at, s = best
+        req.cell.text_limit = at + len(s) if req.params.include_stop_str_in_output else at
+        self.finish(req, "stop", s)
+        return True
+
+    def finish(self, req: Req, reason: str, stop_reason: str | int | None = None) -> None:
+        assert reason in ("stop", "length", "abort")
+        req.finish_reason = reason  # type: ignore[assignment]
+        req.stop_reason = stop_reason
+        req.finish_time = time.perf_counter()
+        req.cell.finish(req.finish_reason, stop_reason)  # type: ignore[arg-type]
+        self._stop_detok.pop(id(req), None)
+        self.on_finish(req)

@@ -1,0 +1,264 @@
+"""Who runs next: plain Python over plain data, no device, no event loop.
+
+``Scheduler.schedule()`` builds the next step from committed state plus the planned state of
+steps still in flight (``Req.num_computed``, ``Req.num_launched_outputs``). Decodes go first,
+then continuing chunked prefills, then new requests in arrival order (FCFS), all under one
+token budget per step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from enum import Enum
+
+from aserve.kv.pool import KVPool
+from aserve.scheduler.req import Req
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int = 2048
+    max_running_requests: int = 64
+    max_waiting_requests: int = 4096
+
+
+@dataclass
+class SeqPlan:
+    req: Req
+    row: int
+    generation: int
+    prefix_len: int
+    extend_len: int
+    slots: list[int]
+    input_ids: list[int] | None  # host tokens for a prefill chunk; None: decode input from the FutureMap
+    samples: bool  # the sampled token is an output (last prefill chunk, or a decode)
+    output_index: int  # index of the output token this step samples (seeded sampling step)
+    pending_output: bool  # the decode input is an output not yet committed (overlap look-ahead)
+
+
+@dataclass
+class Plan:
+    seqs: list[SeqPlan]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.extend_len for s in self.seqs)
+
+    @property
+    def num_decodes(self) -> int:
+        return sum(1 for s in self.seqs if s.input_ids is None)
+
+
+class Blocked(Enum):
+    """Why ``schedule`` returned no plan."""
+
+    IDLE = "idle"  # nothing runnable
+    DRAIN = "drain"  # KV is short: commit everything in flight, then plan again
+
+
+class Scheduler:
+    def __init__(self, pool: KVPool, config: SchedulerConfig) -> None:
+        self.pool = pool
+        self.config = config
+        self.waiting: deque[Req] = deque()
+        self.running: list[Req] = []
+        self._admitted = 0
+        self.num_retractions = 0
+        # Requests that cannot fit the pool even alone; the engine ends them ("length").
+        self.stuck: list[Req] = []
+
+    # -- intake and release -------------------------------------------------
+
+    def add(self, req: Req) -> None:
+        req.fill_ids = list(req.prompt_ids)
+        self.waiting.append(req)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self.waiting) + sum(1 for r in self.running if not r.resources_freed)
+
+    def release_if_done(self, req: Req) -> bool:
+        """Free a finished or aborted request's KV and row once no step in flight reads them.
+
+        This is the safe point: the last step that touched the request has been committed
+        (so the device finished reading and writing its slots) and the commit settled its
+        ownership. KV goes back by *allocated* length, overshoot included.
+        """
+        if req.resources_freed or req.inflight > 0:
+            return False
+        if not (req.finished or req.abort_requested):
+            return False
+        self._free(req)
+        return True
+
+    def _free(self, req: Req) -> None:
+        if req.row is not None:
+            self.pool.release(req.pages)
+            self.pool.rows.free(req.row)
+            req.row = None
+        req.resources_freed = True
+        if req in self.running:
+            self.running.remove(req)
+
+    def remove_waiting(self, req: Req) -> bool:
+        try:
+            self.waiting.remove(req)
+        except ValueError:
+            return False
+        req.resources_freed = True
+        return True
+
+    # -- planning -------------------------------------------------------------
+
+    def schedule(self, pipeline_busy: bool) -> Plan | Blocked:
+        budget = self.config.max_num_batched_tokens
+        decodes = [
+            r
+            for r in self.running
+            if r.prefill_done
+            and not r.finished
+            and not r.abort_requested
+            and r.num_launched_outputs < r.max_new_tokens  # ends by length: leave it out now
+        ]
+        decodes = decodes[:budget]
+        need = sum(self.pool.pages_needed(len(r.pages), r.num_computed + 1) for r in decodes)
+        if need > self.pool.pages.num_free:
+            if pipeline_busy:
+                return Blocked.DRAIN
+            decodes = self._retract_until_fits(decodes)
+        seqs = [self._plan_decode(r) for r in decodes]
+        budget -= len(seqs)
+
+        # Chunked prefills already under way, oldest first, then new admissions (FCFS).
+        for r in self.running:
+            if budget <= 0:
+                break
+            if r.prefill_done or r.abort_requested or r.finished:
+                continue
+            chunk = self._plan_prefill_chunk(r, budget, reserve_pages=0)
+            if chunk is None:
+                break
+            seqs.append(chunk)
+            budget -= chunk.extend_len
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
+            req = self.waiting[0]
+            if self.pool.rows.num_free == 0:
+                break
+            # Keep a page per running request in reserve so admission does not force an
+            # immediate retraction of someone already decoding.
+            chunk = self._admit(req, budget, reserve_pages=len(self.running))
+            if chunk is None:
+                break
+            self.waiting.popleft()
+            seqs.append(chunk)
+            budget -= chunk.extend_len
+        if not seqs:
+            return Blocked.IDLE
+        return Plan(seqs)
+
+    def _plan_decode(self, r: Req) -> SeqPlan:
+        assert r.row is not None
+        slots = self.pool.grow(r.row, r.pages, r.num_computed, r.num_computed + 1)
+        assert slots is not None, "pages were counted before planning decodes"
+        pending = r.lookahead > 0
+        assert r.lookahead <= 1, f"look-ahead must be at most one step, got {r.lookahead} for {r.rid}"
+        plan = SeqPlan(
+            req=r,
+            row=r.row,
+            generation=r.generation,
+            prefix_len=r.num_computed,
+            extend_len=1,
+            slots=slots,
+            input_ids=None,
+            samples=True,
+            output_index=r.num_launched_outputs,
+            pending_output=pending,
+        )
+        r.num_computed += 1
+        r.num_launched_outputs += 1
+        return plan
+
+    def _admit(self, req: Req, budget: int, reserve_pages: int) -> SeqPlan | None:
+        row = self.pool.rows.alloc()
+        assert row is not None
+        req.row = row
+        req.generation = self.pool.rows.generation[row]
+        chunk = self._plan_prefill_chunk(req, budget, reserve_pages)
+        if chunk is None:
+            self.pool.rows.free(row)
+            req.row = None
+            return None
+        req.admitted_seq = self._admitted
+        self._admitted += 1
+        self.running.append(req)
+        return chunk
+
+    def _plan_prefill_chunk(self, r: Req, budget: int, reserve_pages: int) -> SeqPlan | None:
+        assert r.row is not None
+        start = r.num_computed
+        n = min(len(r.fill_ids) - start, budget)
+        need = self.pool.pages_needed(len(r.pages), start + n)
+        if need + reserve_pages > self.pool.pages.num_free:
+            # Shrink the chunk to what fits (chunked prefill makes progress anyway).
+            fit_pages = self.pool.pages.num_free - reserve_pages
+            if fit_pages <= 0 and self.pool.pages_needed(len(r.pages), start + 1) > 0:
+                return None
+            cap = (len(r.pages) + max(fit_pages, 0)) * self.pool.page_size - start
+            n = min(n, cap)
+            if n <= 0:
+                return None
+        slots = self.pool.grow(r.row, r.pages, start, start + n)
+        assert slots is not None
+        last = start + n == len(r.fill_ids)
+        plan = SeqPlan(
+            req=r,
+            row=r.row,
+            generation=r.generation,
+            prefix_len=start,
+            extend_len=n,
+            slots=slots,
+            input_ids=r.fill_ids[start : start + n],
+            samples=last,
+            output_index=r.num_launched_outputs,
+            pending_output=False,
+        )
+        r.num_computed += n
+        if last:
+            r.num_launched_outputs += 1
+        return plan
+
+    def _retract_until_fits(self, decodes: list[Req]) -> list[Req]:
+        """Pipeline is empty here: send the newest requests back to the queue until KV fits."""
+
+        def need(rs: list[Req]) -> int:
+            return sum(self.pool.pages_needed(len(r.pages), r.num_computed + 1) for r in rs)
+
+        victims = sorted(
+            (r for r in self.running if not r.resources_freed and not r.finished),
+            key=lambda r: r.admitted_seq,
+        )
+        while need(decodes) > self.pool.pages.num_free and victims:
+            victim = victims.pop()
+            if len(victims) == 0 and victim in decodes and len(decodes) == 1:
+                # Alone and still out of memory: the pool cannot hold this request's context.
+                break
+            self._retract(victim)
+            decodes = [r for r in decodes if r is not victim]
+        fits = [r for r in decodes if self.pool.pages_needed(len(r.pages), r.num_computed + 1) <= self.pool.pages.num_free]
+        self.stuck.extend(r for r in decodes if r not in fits)
+        return fits
+
+    def _retract(self, req: Req) -> None:
+        assert req.inflight == 0, f"retracting {req.rid} while a step still reads it"
+        assert req.row is not None
+        self.pool.release(req.pages)
+        self.pool.rows.free(req.row)
+        req.row = None
+        self.running.remove(req)
+        req.fill_ids = req.prompt_ids + req.output_ids
+        req.num_computed = 0
+        req.num_launched_outputs = len(req.output_ids)
+        req.num_retractions += 1
+        self.num_retractions += 1
+        self.waiting.appendleft(req)

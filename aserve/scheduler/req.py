@@ -1,0 +1,69 @@
+"""A request as the scheduler sees it.
+
+Two kinds of state live here, with different owners:
+
+* **committed** (``output_ids``, ``finish_reason``, what the output cell was given): written
+  only by the committer, at the commit point.
+* **planned** (``num_computed``, ``num_launched_outputs``, ``pages``, ``inflight``): written
+  by the planner when it puts the request into a step; it runs ahead of the committed state
+  by at most the pipeline depth.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from aserve.outputs import FinishReason, OutputCell, TokenLogprob
+from aserve.sampling_params import SamplingParams
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    index: int  # which of the parent's n choices
+    prompt_ids: list[int]
+    params: SamplingParams
+    max_new_tokens: int  # max_tokens clipped to the context
+    seed: int
+    stop_ids: frozenset[int]  # EOS (unless ignore_eos) + stop_token_ids
+    arrival: float = field(default_factory=time.perf_counter)
+
+    # -- committed --
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    cell: OutputCell = field(default_factory=OutputCell)
+
+    # -- planned --
+    row: int | None = None
+    generation: int = 0
+    pages: list[int] = field(default_factory=list)
+    fill_ids: list[int] = field(default_factory=list)  # prompt (+ committed output after a retraction)
+    num_computed: int = 0  # tokens whose KV is written by launched steps
+    num_launched_outputs: int = 0  # tokens sampled by launched steps (committed ones included)
+    inflight: int = 0  # launched steps not yet committed that include this request
+    admitted_seq: int = -1  # admission order; the newest is retracted first
+    abort_requested: bool = False
+    num_retractions: int = 0
+    resources_freed: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prefill_done(self) -> bool:
+        return self.num_computed >= len(self.fill_ids)
+
+    @property
+    def lookahead(self) -> int:
+        """Outputs launched but not committed: the distance the device runs ahead."""
+        return self.num_launched_outputs - len(self.output_ids)
+
+    @property
+    def total_len(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)

