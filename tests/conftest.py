@@ -25,3 +25,17 @@ def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     from tests.tiny import make_tiny_model
 
     return make_tiny_model("llama", tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def eos_llama(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A tiny Llama whose EOS row is boosted so greedy decoding reaches EOS now and then."""
+    import torch
+
+    from tests.tiny import make_tiny_model
+
+    path, hf = make_tiny_model("llama", tmp_path_factory.mktemp("eos_llama"), seed=3)
+    with torch.no_grad():
+        hf.lm_head.weight[2] *= 4.0
+    hf.save_pretrained(path, safe_serialization=True)
+    return path, hf

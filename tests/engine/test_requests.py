@@ -1,0 +1,280 @@
+"""Request semantics through the engine: validation, stops, seeds, n, logprobs, cancellation."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+import aserve
+from aserve.errors import ContextLengthError, InvalidRequestError, ModelLoadError, ModelNotFoundError
+from tests.hosting import hosted_engine
+from tests.tiny import hf_greedy
+
+
+@pytest.fixture(scope="module")
+async def engine(tiny_llama: tuple[Path, Any]) -> AsyncIterator[aserve.Engine]:
+    async with hosted_engine(model=str(tiny_llama[0]), debug=True, max_context=256, warmup=False) as eng:
+        yield eng
+
+
+def _prompt(seed: int, n: int = 8) -> list[int]:
+    rng = random.Random(seed)
+    return [1] + [rng.randrange(3, 384) for _ in range(n)]
+
+
+# -- bad input ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "param"),
+    [
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"top_k": -2}, "top_k"),
+        ({"min_p": 1.0}, "min_p"),
+        ({"n": 0}, "n"),
+        ({"logprobs": 21}, "logprobs"),
+        ({"stop": ("",)}, "stop"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty"),
+    ],
+)
+def test_bad_sampling_params(kwargs: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        aserve.SamplingParams(**kwargs)
+    assert info.value.param == param
+    assert param in str(info.value)
+
+
+async def test_bad_prompts_raise_typed_errors_and_do_not_disturb_running(engine: aserve.Engine) -> None:
+    params = aserve.SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+    alone = await engine.complete(_prompt(1), params)
+    results: list[aserve.CompletionResult] = []
+
+    async def running() -> None:
+        results.append(await engine.complete(_prompt(1), params))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(running)
+        await anyio.sleep(0.01)
+        with pytest.raises(InvalidRequestError, match="empty"):
+            await engine.complete("", params)
+        with pytest.raises(InvalidRequestError, match="empty"):
+            await engine.complete([], params)
+        with pytest.raises(ContextLengthError, match="256"):
+            await engine.complete([5] * 300, params)
+        with pytest.raises(InvalidRequestError, match="token ids"):
+            await engine.complete([1, 10_000_000], params)
+        with pytest.raises(InvalidRequestError):
+            await engine.complete("hi", {"max_tokens": 3})  # type: ignore[arg-type]
+    assert results[0].token_ids == alone.token_ids
+
+
+async def test_unknown_model_and_truncated_gguf(tmp_path: Path, default_gguf: Path) -> None:
+    with pytest.raises(ModelNotFoundError, match="gemma-3-270m"):
+        async with aserve.Engine(model="no-such-model"):
+            pass
+    bad = tmp_path / "truncated.gguf"
+    with default_gguf.open("rb") as f:
+        bad.write_bytes(f.read(2_000_000))
+    with pytest.raises(ModelLoadError):
+        async with aserve.Engine(model=str(bad)):
+            pass
+
+
+def test_unknown_engine_option() -> None:
+    with pytest.raises(TypeError, match="max_runing"):
+        aserve.Engine(max_runing=3)
+
+
+# -- stopping ---------------------------------------------------------------------------------
+
+
+async def test_max_tokens_one_and_length(engine: aserve.Engine) -> None:
+    r = await engine.complete(_prompt(2), aserve.SamplingParams(max_tokens=1, temperature=0, ignore_eos=True))
+    assert len(r.token_ids) == 1 and r.finish_reason == "length"
+    assert r.usage.completion_tokens == 1 and r.usage.prompt_tokens == 9
+
+
+async def test_stop_token_ids(engine: aserve.Engine, tiny_llama: tuple[Path, Any]) -> None:
+    ref, _ = hf_greedy(tiny_llama[1], _prompt(3), 20)
+    stop_at = 6
+    target = ref[stop_at]
+    first = ref.index(target)
+    r = await engine.complete(
+        _prompt(3), aserve.SamplingParams(max_tokens=20, temperature=0, ignore_eos=True, stop_token_ids=(target,))
+    )
+    assert r.token_ids == ref[: first + 1]
+    assert r.finish_reason == "stop" and r.outputs[0].stop_reason == target
+
+
+async def test_eos_stops_unless_ignored(eos_llama: tuple[Path, Any]) -> None:
+    path, hf = eos_llama
+    found = None
+    for seed in range(100):
+        ref, _ = hf_greedy(hf, _prompt(seed, 4), 30)
+        if 2 in ref[1:]:
+            found = seed
+            break
+    assert found is not None, "the boosted EOS never appears; adjust the fixture"
+    cut = ref.index(2)
+    async with aserve.Engine(model=str(path), debug=True, warmup=False) as eng:
+        r = await eng.complete(_prompt(found, 4), aserve.SamplingParams(max_tokens=30, temperature=0))
+        r2 = await eng.complete(
+            _prompt(found, 4), aserve.SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
+        )
+    assert r.token_ids == ref[: cut + 1] and r.finish_reason == "stop" and r.outputs[0].stop_reason is None
+    assert r2.token_ids == ref and r2.finish_reason == "length"
+
+
+async def test_stop_string_never_streamed(engine: aserve.Engine) -> None:
+    base = aserve.SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    full = await engine.complete(_prompt(4), base)
+    text = full.text
+    assert len(text) > 12
+    stop = text[8:11]  # a string that occurs in the greedy output
+    at = text.find(stop)
+    params = base.with_updates(stop=(stop, "zzzz-never"))
+    streamed = []
+    async for d in engine.generate(_prompt(4), params):
+        streamed.append(d.text)
+        assert stop not in "".join(streamed)
+    assert "".join(streamed) == text[:at]
+    r = await engine.complete(_prompt(4), params)
+    assert r.text == text[:at] and r.finish_reason == "stop" and r.outputs[0].stop_reason == stop
+    incl = await engine.complete(_prompt(4), params.with_updates(include_stop_str_in_output=True))
+    assert incl.text == text[: at + len(stop)]
+
+
+# -- sampling ---------------------------------------------------------------------------------
+
+
+async def test_seeded_sampling_independent_of_batch(engine: aserve.Engine) -> None:
+    params = aserve.SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=1234, ignore_eos=True)
+    alone = await engine.complete(_prompt(5), params)
+    out: dict[int, aserve.CompletionResult] = {}
+
+    async def one(i: int, prompt: list[int], p: aserve.SamplingParams) -> None:
+        out[i] = await engine.complete(prompt, p)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(6):
+            tg.start_soon(one, i, _prompt(100 + i, 3 + 7 * i), params.with_updates(seed=i, top_k=5 * i))
+        tg.start_soon(one, 99, _prompt(5), params)
+    assert out[99].token_ids == alone.token_ids
+    other = await engine.complete(_prompt(5), params.with_updates(seed=4321))
+    assert other.token_ids != alone.token_ids
+
+
+async def test_n_choices(engine: aserve.Engine) -> None:
+    params = aserve.SamplingParams(max_tokens=12, temperature=1.0, seed=7, n=3, ignore_eos=True)
+    r = await engine.complete(_prompt(6), params)
+    assert [o.index for o in r.outputs] == [0, 1, 2]
+    assert len({tuple(o.token_ids) for o in r.outputs}) == 3  # different seeds per choice
+    assert r.usage.completion_tokens == 36 and r.usage.prompt_tokens == 9
+    # choice i is the same as a single request seeded seed + i
+    single = await engine.complete(_prompt(6), params.with_updates(n=1, seed=8))
+    assert single.token_ids == r.outputs[1].token_ids
+    deltas = [d async for d in engine.generate(_prompt(6), params)]
+    for i in range(3):
+        assert [t for d in deltas if d.index == i for t in d.token_ids] == r.outputs[i].token_ids
+
+
+async def test_logprobs_match_reference(engine: aserve.Engine, tiny_llama: tuple[Path, Any]) -> None:
+    hf = tiny_llama[1]
+    prompt = _prompt(7)
+    r = await engine.complete(prompt, aserve.SamplingParams(max_tokens=5, temperature=0, logprobs=3, ignore_eos=True))
+    assert r.logprobs is not None and len(r.logprobs) == 5
+    ids = list(prompt)
+    for lp in r.logprobs:
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([ids])).logits[0, -1].double(), -1)
+        top = torch.topk(ref, 3)
+        assert [t for t, _ in lp.top] == top.indices.tolist()
+        assert all(abs(a - b) < 1e-3 for (_, a), b in zip(lp.top, top.values.tolist()))
+        assert abs(lp.logprob - ref[lp.token_id].item()) < 1e-3
+        ids.append(lp.token_id)
+
+
+async def test_penalties_change_output(engine: aserve.Engine) -> None:
+    base = aserve.SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = await engine.complete(_prompt(8), base)
+    pen = await engine.complete(_prompt(8), base.with_updates(frequency_penalty=2.0, presence_penalty=2.0))
+    rep = await engine.complete(_prompt(8), base.with_updates(repetition_penalty=2.0))
+    assert plain.token_ids != pen.token_ids
+    assert plain.token_ids != rep.token_ids
+    # A strong frequency penalty makes repeats rarer than in the plain greedy output.
+    assert len(set(pen.token_ids)) >= len(set(plain.token_ids))
+
+
+# -- cancellation and load ---------------------------------------------------------------------
+
+
+async def test_many_concurrent_with_cancellations(engine: aserve.Engine) -> None:
+    rng = random.Random(0)
+    finished = 0
+    cancelled = 0
+
+    async def complete_one(i: int) -> None:
+        nonlocal finished
+        p = aserve.SamplingParams(max_tokens=rng.randint(1, 24), temperature=rng.choice([0, 1.0]), ignore_eos=True)
+        r = await engine.complete(_prompt(1000 + i, rng.randint(1, 60)), p)
+        assert len(r.token_ids) == p.max_tokens
+        finished += 1
+
+    async def stream_and_leave(i: int) -> None:
+        nonlocal cancelled
+        p = aserve.SamplingParams(max_tokens=200, temperature=1.0, ignore_eos=True)
+        stop_after = rng.randint(0, 5)
+        n = 0
+        async for _ in engine.generate(_prompt(2000 + i, rng.randint(1, 60)), p):
+            n += 1
+            if n > stop_after:
+                break
+        cancelled += 1
+
+    async def cancel_by_scope(i: int) -> None:
+        nonlocal cancelled
+        with anyio.move_on_after(rng.random() * 0.3):
+            await engine.complete(_prompt(3000 + i), aserve.SamplingParams(max_tokens=200, ignore_eos=True))
+        cancelled += 1
+
+    async with anyio.create_task_group() as tg:
+        for i in range(150):
+            tg.start_soon(complete_one, i)
+        for i in range(25):
+            tg.start_soon(stream_and_leave, i)
+            tg.start_soon(cancel_by_scope, i)
+    assert finished == 150 and cancelled == 50
+    await _wait_all_free(engine)
+
+
+async def _wait_all_free(engine: aserve.Engine) -> None:
+    # Aborted requests are freed at the commit of the last step that read them.
+    with anyio.fail_after(10):
+        while not engine.ledger().all_free:
+            await anyio.sleep(0.01)
+    assert engine.ledger().balanced
+    st = engine.stats()
+    assert st.running == 0 and st.waiting == 0
+
+
+def test_trio_backend(tiny_llama: tuple[Path, Any]) -> None:
+    async def main() -> list[int]:
+        async with aserve.Engine(model=str(tiny_llama[0]), warmup=False) as eng:
+            r = await eng.complete(_prompt(9), aserve.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+            assert eng.ledger().all_free
+            return r.token_ids
+
+    ref, _ = hf_greedy(tiny_llama[1], _prompt(9), 6)
+    assert anyio.run(main, backend="trio") == ref
