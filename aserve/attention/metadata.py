@@ -8,7 +8,8 @@ table; its first ``prefix_lens[i]`` tokens are already in the cache, and this st
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -26,6 +27,9 @@ class AttentionMetadata:
     # Host copies of the per-sequence lengths: the reference path pads with them.
     prefix_lens_cpu: list[int]
     extend_lens_cpu: list[int]
+    # Per-forward derived tensors (padded indices, masks) that attention backends build once
+    # and reuse across layers; keyed by the backend's own keys (e.g. the sliding window).
+    cache: dict[Any, Any] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

@@ -1,0 +1,86 @@
+"""Gemma 3 text decoder (also the text part of Gemma3ForConditionalGeneration)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from aserve.attention.metadata import AttentionMetadata
+from aserve.models.config import ModelConfig
+from aserve.models.layers import GatedMLP, KVCache, PagedSelfAttention, RMSNorm, Rotary, check_kv_cache
+
+
+class Gemma3DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.sliding = config.layer_sliding_window(layer) is not None
+        self.self_attn = PagedSelfAttention(
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            bias=config.attention_bias,
+            qk_norm_eps=eps,
+            scale=config.attn_scale,
+            sliding_window=config.layer_sliding_window(layer),
+            softcap=config.attn_logit_softcapping,
+        )
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "gelu_tanh")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, gemma=True)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, gemma=True)
+        self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, gemma=True)
+        self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, gemma=True)
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        # h: [T, hidden]; Gemma normalises both before and after each sub-block.
+        a = self.self_attn(self.input_layernorm(h), cos_sin, meta, kv)
+        h = h + self.post_attention_layernorm(a)
+        m = self.mlp(self.pre_feedforward_layernorm(h))
+        return h + self.post_feedforward_layernorm(m)
+
+
+class Gemma3Model(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, gemma=True)
+
+
+class Gemma3ForCausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Gemma3Model(config)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        # Sliding layers use the local base frequency and never rope scaling.
+        self.rope_local = Rotary(config.head_dim, config.rope_local_base_freq, None)
+        self.rope_global = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
+        # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices
+        check_kv_cache(kv_cache, len(self.model.layers))
+        emb = self.model.embed_tokens
+        h = emb(input_ids)  # [T, hidden]
+        # HF keeps the sqrt(hidden) normaliser as a float32 scalar cast to the weight dtype.
+        h = h * torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(h.dtype)
+        local = self.rope_local.cos_sin(meta.positions, h.dtype)
+        glob = self.rope_global.cos_sin(meta.positions, h.dtype)
+        for layer, kv in zip(self.model.layers, kv_cache, strict=True):
+            h = layer(h, local if layer.sliding else glob, meta, kv)
+        h = self.model.norm(h[meta.logits_indices])  # [B, hidden]
+        weight = self.lm_head.weight if self.lm_head is not None else emb.weight
+        logits = (h @ weight.t()).float()  # [B, vocab]
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits

