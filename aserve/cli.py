@@ -25,8 +25,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         flag = "--" + f.name.replace("_", "-")
         typ = hints[f.name]
         if f.name == "overlap":
-            group.add_argument("--disable-overlap", dest="overlap", action="store_false",
-                               help="run the scheduler serially (pipeline depth 1)")
+            group.add_argument(
+                "--disable-overlap",
+                dest="overlap",
+                action="store_false",
+                help="run the scheduler serially (pipeline depth 1)",
+            )
             continue
         if typ is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)

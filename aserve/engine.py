@@ -520,7 +520,9 @@ class Engine:
     def _end_stuck(self) -> None:
         while self.scheduler.stuck:
             req = self.scheduler.stuck.pop()
-            log.warning("kv_exhausted", rid=req.rid, tokens=req.num_computed, kv_tokens=self.scheduler.pool.total_tokens)
+            log.warning(
+                "kv_exhausted", rid=req.rid, tokens=req.num_computed, kv_tokens=self.scheduler.pool.total_tokens
+            )
             if not req.finished:
                 self.committer.finish(req, "length")
             self.scheduler.release_if_done(req)
@@ -566,6 +568,10 @@ class Engine:
             tr.span("commit", tr.HOST, commit_t0, commit_t0 + commit_s, step=step.index)
             if begin.cuda_event is None:
                 tr.span(
-                    f"step {step.index}", tr.DEVICE, begin.host_time, end.host_time,
-                    seqs=len(step.entries), tokens=step.num_tokens,
+                    f"step {step.index}",
+                    tr.DEVICE,
+                    begin.host_time,
+                    end.host_time,
+                    seqs=len(step.entries),
+                    tokens=step.num_tokens,
                 )

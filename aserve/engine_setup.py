@@ -44,8 +44,14 @@ class _Progress:
         if self._bar is None:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total, desc=self.desc, unit="tensor", file=sys.stderr, leave=False,
-                             disable=not sys.stderr.isatty())
+            self._bar = tqdm(
+                total=total,
+                desc=self.desc,
+                unit="tensor",
+                file=sys.stderr,
+                leave=False,
+                disable=not sys.stderr.isatty(),
+            )
         self._bar.update(done - self._bar.n)
         if done >= total:
             self._bar.close()

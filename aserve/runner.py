@@ -181,18 +181,14 @@ class ModelRunner:
             "sample_idx": torch.tensor([i for i, m in enumerate(sample_mask) if m], dtype=i64),
             "pending_b": torch.tensor([b for b, _ in pending], dtype=i64),
             "pending_c": torch.tensor([c for _, c in pending], dtype=i64),
-            "pending_decode": torch.tensor(
-                [decode_rows.index(plan.seqs[b].row) for b, _ in pending], dtype=i64
-            ),
+            "pending_decode": torch.tensor([decode_rows.index(plan.seqs[b].row) for b, _ in pending], dtype=i64),
             "prefix_cpu": prefix,
             "extend_cpu": extend,
             "sampling": (params, seeds, steps, prompts, outputs),
         }
 
     def _entries(self, plan: Plan) -> tuple[StepEntry, ...]:
-        return tuple(
-            StepEntry(s.req, s.generation, s.samples, s.extend_len, s.input_ids is None) for s in plan.seqs
-        )
+        return tuple(StepEntry(s.req, s.generation, s.samples, s.extend_len, s.input_ids is None) for s in plan.seqs)
 
     # -- device side -------------------------------------------------------------
 

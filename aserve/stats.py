@@ -111,11 +111,21 @@ class TraceWriter:
 
     def span(self, name: str, tid: int, start: float, end: float, **args: Any) -> None:
         self.events.append(
-            {"ph": "X", "name": name, "pid": 1, "tid": tid, "ts": self._us(start), "dur": max(0.0, (end - start) * 1e6), "args": args}
+            {
+                "ph": "X",
+                "name": name,
+                "pid": 1,
+                "tid": tid,
+                "ts": self._us(start),
+                "dur": max(0.0, (end - start) * 1e6),
+                "args": args,
+            }
         )
 
     def request_state(self, rid: str, state: str, t: float) -> None:
-        self.events.append({"ph": "i", "s": "t", "name": f"{rid}:{state}", "pid": 1, "tid": self.REQUESTS, "ts": self._us(t)})
+        self.events.append(
+            {"ph": "i", "s": "t", "name": f"{rid}:{state}", "pid": 1, "tid": self.REQUESTS, "ts": self._us(t)}
+        )
 
     def write(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)

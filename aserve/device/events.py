@@ -16,6 +16,7 @@ ever blocks the loop on the device.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 import time
@@ -41,11 +42,9 @@ class LoopWaker:
             self._call = token.run_sync_soon
 
     def call_soon(self, fn: Callable[[], object]) -> None:
-        try:
+        # RuntimeError: the loop is closed (engine torn down), nobody is left to wake.
+        with contextlib.suppress(RuntimeError):
             self._call(fn)
-        except RuntimeError:
-            # The loop is closed (engine torn down): nobody is left to wake.
-            pass
 
 
 class DeviceEvent:

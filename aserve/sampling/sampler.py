@@ -332,9 +332,7 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
     return SampleOutput(token_ids, chosen_logprobs, top_ids, top_logprobs)
 
 
-def _sample_sorted(
-    scaled: Tensor, batch: SamplingBatch, k_eff: Tensor, keys: Tensor, token_hash: Tensor
-) -> Tensor:
+def _sample_sorted(scaled: Tensor, batch: SamplingBatch, k_eff: Tensor, keys: Tensor, token_hash: Tensor) -> Tensor:
     """Top-k / top-p / min-p on the descending sort of each row, then the race in sorted
     space. Noise is looked up by *vocab* index, so the draw equals the unsorted path's."""
     vocab = scaled.shape[1]

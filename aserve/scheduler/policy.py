@@ -245,7 +245,9 @@ class Scheduler:
                 break
             self._retract(victim)
             decodes = [r for r in decodes if r is not victim]
-        fits = [r for r in decodes if self.pool.pages_needed(len(r.pages), r.num_computed + 1) <= self.pool.pages.num_free]
+        fits = [
+            r for r in decodes if self.pool.pages_needed(len(r.pages), r.num_computed + 1) <= self.pool.pages.num_free
+        ]
         self.stuck.extend(r for r in decodes if r not in fits)
         return fits
 

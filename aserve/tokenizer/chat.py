@@ -14,9 +14,7 @@ _ROLES = frozenset({"system", "user", "assistant", "tool"})
 
 
 def _raise_exception(message: str) -> NoReturn:
-    raise InvalidRequestError(
-        f"chat template rejected the messages: {message}", param="messages"
-    )
+    raise InvalidRequestError(f"chat template rejected the messages: {message}", param="messages")
 
 
 def _validate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -26,9 +24,7 @@ def _validate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for k, msg in enumerate(messages):
         if not isinstance(msg, dict):
-            raise InvalidRequestError(
-                f"messages[{k}] must be an object", param="messages"
-            )
+            raise InvalidRequestError(f"messages[{k}] must be an object", param="messages")
         role, content = msg.get("role"), msg.get("content")
         if role not in _ROLES:
             raise InvalidRequestError(
@@ -36,20 +32,12 @@ def _validate(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 param="messages",
             )
         if isinstance(content, list):
-            texts = [
-                p.get("text")
-                for p in content
-                if isinstance(p, dict) and p.get("type") == "text"
-            ]
+            texts = [p.get("text") for p in content if isinstance(p, dict) and p.get("type") == "text"]
             if len(texts) != len(content) or not all(isinstance(t, str) for t in texts):
-                raise InvalidRequestError(
-                    f"messages[{k}].content parts must be text", param="messages"
-                )
+                raise InvalidRequestError(f"messages[{k}].content parts must be text", param="messages")
             content = "".join(t for t in texts if isinstance(t, str))
         if not isinstance(content, str):
-            raise InvalidRequestError(
-                f"messages[{k}].content must be a string", param="messages"
-            )
+            raise InvalidRequestError(f"messages[{k}].content must be a string", param="messages")
         out.append({**msg, "role": role, "content": content})
     return out
 
@@ -66,9 +54,7 @@ def apply_chat_template(
     """Prompt text for ``messages``; encode it with ``add_special_tokens=False`` (BOS is in it)."""
     msgs = _validate(messages)
     bos = _piece(tokenizer, tokenizer.bos_token_id)
-    eos = _piece(
-        tokenizer, tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None
-    )
+    eos = _piece(tokenizer, tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None)
     if tokenizer.chat_template is not None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = _raise_exception
@@ -81,9 +67,7 @@ def apply_chat_template(
                 eos_token=eos,
             )
         except TemplateError as exc:
-            raise InvalidRequestError(
-                f"chat template failed: {exc}", param="messages"
-            ) from exc
+            raise InvalidRequestError(f"chat template failed: {exc}", param="messages") from exc
     if tokenizer.piece_to_id("<start_of_turn>") is not None:
         return _gemma(msgs, bos, add_generation_prompt)
     if tokenizer.piece_to_id("<|start_header_id|>") is not None:
@@ -101,9 +85,7 @@ def _gemma(msgs: list[dict[str, Any]], bos: str, add_generation_prompt: bool) ->
     for k, msg in enumerate(msgs):
         role = "model" if msg["role"] == "assistant" else msg["role"]
         if role not in ("user", "model") or (role == "user") != (k % 2 == 0):
-            _raise_exception(
-                "Conversation roles must alternate user/assistant/user/assistant/..."
-            )
+            _raise_exception("Conversation roles must alternate user/assistant/user/assistant/...")
         text = (prefix if k == 0 else "") + msg["content"].strip()
         parts.append(f"<start_of_turn>{role}\n{text}<end_of_turn>\n")
     if add_generation_prompt:
@@ -115,9 +97,7 @@ def _llama3(msgs: list[dict[str, Any]], bos: str, add_generation_prompt: bool) -
     parts = [bos]
     for msg in msgs:
         role = "ipython" if msg["role"] == "tool" else msg["role"]
-        parts.append(
-            f"<|start_header_id|>{role}<|end_header_id|>\n\n{msg['content'].strip()}<|eot_id|>"
-        )
+        parts.append(f"<|start_header_id|>{role}<|end_header_id|>\n\n{msg['content'].strip()}<|eot_id|>")
     if add_generation_prompt:
         parts.append("<|start_header_id|>assistant<|end_header_id|>\n\n")
     return "".join(parts)
@@ -135,9 +115,7 @@ def _llama2(msgs: list[dict[str, Any]], bos: str, eos: str) -> str:
             "user",
             "assistant",
         ):
-            _raise_exception(
-                "Conversation roles must alternate user/assistant/user/assistant/..."
-            )
+            _raise_exception("Conversation roles must alternate user/assistant/user/assistant/...")
         if msg["role"] == "user":
             text = (system if k == 0 else "") + msg["content"].strip()
             parts.append(f"{bos}[INST] {text} [/INST]")

@@ -63,17 +63,13 @@ class _Cursor:
                 # Bulk-unpack numeric arrays: per-item loops dominate load time otherwise.
                 fmt = _SCALARS[itype]
                 size = struct.calcsize(fmt)
-                values = list(
-                    struct.unpack_from(f"<{count}{fmt[1]}", self.buf, self.pos)
-                )
+                values = list(struct.unpack_from(f"<{count}{fmt[1]}", self.buf, self.pos))
                 self.pos += size * count
                 return values
             return [self.value(itype) for _ in range(count)]
         if vtype in _SCALARS:
             return self.scalar(_SCALARS[vtype])
-        raise ModelLoadError(
-            f"GGUF metadata has unknown value type {vtype} at byte {self.pos}"
-        )
+        raise ModelLoadError(f"GGUF metadata has unknown value type {vtype} at byte {self.pos}")
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
@@ -89,15 +85,11 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
         ):
             cur = _Cursor(buf)
             if buf[:4] != b"GGUF":
-                raise ModelLoadError(
-                    f"{path} is not a GGUF file (bad magic {buf[:4]!r})"
-                )
+                raise ModelLoadError(f"{path} is not a GGUF file (bad magic {buf[:4]!r})")
             cur.pos = 4
             version = cur.scalar("<I")
             if version < 2:
-                raise ModelLoadError(
-                    f"{path}: GGUF version {version} is unsupported; re-convert it"
-                )
+                raise ModelLoadError(f"{path}: GGUF version {version} is unsupported; re-convert it")
             cur.scalar("<Q")  # tensor count
             n_kv = cur.scalar("<Q")
             meta: dict[str, Any] = {}
@@ -125,9 +117,7 @@ def proto_from_gguf(meta: dict[str, Any]) -> tuple[ModelProto, SpecialTokens]:
     """Build a BPE sentencepiece ModelProto equivalent to the GGUF "llama" (SPM) vocabulary."""
     model = meta.get("tokenizer.ggml.model")
     if model != "llama":
-        raise ModelLoadError(
-            f"tokenizer.ggml.model={model!r} is unsupported; only SPM ('llama') is"
-        )
+        raise ModelLoadError(f"tokenizer.ggml.model={model!r} is unsupported; only SPM ('llama') is")
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
     n = len(tokens)
     scores: list[float] = meta.get("tokenizer.ggml.scores") or [0.0] * n
@@ -165,9 +155,7 @@ def proto_from_gguf(meta: dict[str, Any]) -> tuple[ModelProto, SpecialTokens]:
         sp.score = float(-i) if gemma and ttype == NORMAL else float(score)
         sp.type = ttype  # type: ignore[assignment]
     if special.unk is None:
-        raise ModelLoadError(
-            "GGUF vocabulary has no unknown token (tokenizer.ggml.unknown_token_id)"
-        )
+        raise ModelLoadError("GGUF vocabulary has no unknown token (tokenizer.ggml.unknown_token_id)")
     ts = proto.trainer_spec
     ts.model_type = sp_pb2.TrainerSpec.BPE
     ts.vocab_size = n
@@ -179,8 +167,6 @@ def proto_from_gguf(meta: dict[str, Any]) -> tuple[ModelProto, SpecialTokens]:
     ns = proto.normalizer_spec
     ns.name = "identity"
     ns.add_dummy_prefix = bool(meta.get("tokenizer.ggml.add_space_prefix", not gemma))
-    ns.remove_extra_whitespaces = bool(
-        meta.get("tokenizer.ggml.remove_extra_whitespaces", False)
-    )
+    ns.remove_extra_whitespaces = bool(meta.get("tokenizer.ggml.remove_extra_whitespaces", False))
     ns.escape_whitespaces = True
     return proto, special

@@ -89,15 +89,11 @@ class Tokenizer:
         root = Path(path)
         model_file = root / "tokenizer.model"
         if not model_file.is_file():
-            raise ModelNotFoundError(
-                f"{root} has no tokenizer.model (sentencepiece) file"
-            )
+            raise ModelNotFoundError(f"{root} has no tokenizer.model (sentencepiece) file")
         try:
             proto = sp_pb2.ModelProto.FromString(model_file.read_bytes())
         except Exception as exc:  # protobuf raises its own DecodeError type
-            raise ModelLoadError(
-                f"{model_file} is not a sentencepiece model: {exc}"
-            ) from exc
+            raise ModelLoadError(f"{model_file} is not a sentencepiece model: {exc}") from exc
         tok_cfg = _read_json(root / "tokenizer_config.json")
         pieces = {p.piece: i for i, p in enumerate(proto.pieces)}
         spec = proto.trainer_spec
@@ -169,11 +165,7 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids for ``text``; ``add_special_tokens`` prepends BOS when the model wants it."""
-        ids: list[int] = (
-            [self._bos]
-            if add_special_tokens and self._add_bos and self._bos is not None
-            else []
-        )
+        ids: list[int] = [self._bos] if add_special_tokens and self._add_bos and self._bos is not None else []
         if self._unk_piece is not None and self._unk_piece in text:
             # The unknown piece cannot also be user-defined, so match it whole here.
             parts = text.split(self._unk_piece)

@@ -130,9 +130,7 @@ async def test_eos_stops_unless_ignored(eos_llama: tuple[Path, Any]) -> None:
     cut = ref.index(2)
     async with aserve.Engine(model=str(path), debug=True, warmup=False) as eng:
         r = await eng.complete(_prompt(found, 4), aserve.SamplingParams(max_tokens=30, temperature=0))
-        r2 = await eng.complete(
-            _prompt(found, 4), aserve.SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
-        )
+        r2 = await eng.complete(_prompt(found, 4), aserve.SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
     assert r.token_ids == ref[: cut + 1] and r.finish_reason == "stop" and r.outputs[0].stop_reason is None
     assert r2.token_ids == ref and r2.finish_reason == "length"
 

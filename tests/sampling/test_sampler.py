@@ -212,9 +212,7 @@ def test_logprobs_match_float64_log_softmax_and_order() -> None:
     assert out.top_ids.shape == (3, 4)
     order = np.argsort(-ref, axis=1)[:, :4]
     np.testing.assert_array_equal(out.top_ids.numpy(), order)
-    np.testing.assert_allclose(
-        out.top_logprobs.numpy(), np.take_along_axis(ref, order, 1), atol=1e-5
-    )
+    np.testing.assert_allclose(out.top_logprobs.numpy(), np.take_along_axis(ref, order, 1), atol=1e-5)
     assert (np.diff(out.top_logprobs.numpy(), axis=1) <= 0).all()
 
 
@@ -380,9 +378,7 @@ def test_source_has_no_sync_calls() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_no_sync_and_matches_cpu() -> None:
     for logits, batch in _all_paths_batches(1000):
-        fields: dict[str, Any] = {
-            k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in vars(batch).items()
-        }
+        fields: dict[str, Any] = {k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in vars(batch).items()}
         cuda_batch = SamplingBatch(**fields)
         logits_cuda = logits.cuda()
         torch.cuda.synchronize()

@@ -34,10 +34,7 @@ def test_gemma_builtin(tok: Tokenizer) -> None:
     text = apply_chat_template(tok, messages)
     assert text == expected
     ids = tok.encode(text)
-    assert (
-        ids[0] == tok.bos_token_id
-        and ids.count(tok.piece_to_id("<start_of_turn>")) == 4
-    )
+    assert ids[0] == tok.bos_token_id and ids.count(tok.piece_to_id("<start_of_turn>")) == 4
     no_gen = apply_chat_template(tok, messages, add_generation_prompt=False)
     assert no_gen == expected.removesuffix("<start_of_turn>model\n")
 

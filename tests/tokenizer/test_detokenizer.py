@@ -71,9 +71,7 @@ def test_incomplete_tail_flushes_as_replacement(tok: Tokenizer) -> None:
 )
 def test_random_chunks(tok: Tokenizer, idx: int, sizes: list[int], skip: bool) -> None:
     ids = tok.encode(CORPUS[idx], add_special_tokens=True)
-    assert "".join(_stream(tok, ids, sizes, skip)) == tok.decode(
-        ids, skip_special_tokens=skip
-    )
+    assert "".join(_stream(tok, ids, sizes, skip)) == tok.decode(ids, skip_special_tokens=skip)
 
 
 @settings(
@@ -85,6 +83,4 @@ def test_random_chunks(tok: Tokenizer, idx: int, sizes: list[int], skip: bool) -
 def test_arbitrary_ids(tok: Tokenizer, ids: list[int]) -> None:
     # Random ids include byte pieces in odd orders and control tokens.
     for skip in (True, False):
-        assert "".join(_stream(tok, ids, [1], skip)) == tok.decode(
-            ids, skip_special_tokens=skip
-        )
+        assert "".join(_stream(tok, ids, [1], skip)) == tok.decode(ids, skip_special_tokens=skip)

@@ -54,9 +54,7 @@ def tok(gguf_path: Path) -> Tokenizer:
 @pytest.fixture(scope="module")
 def hf(gguf_path: Path) -> Any:
     transformers = pytest.importorskip("transformers")
-    return transformers.AutoTokenizer.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name
-    )
+    return transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
 
 
 @pytest.mark.parametrize("text", CORPUS)
@@ -69,9 +67,7 @@ def test_encode_matches_transformers(tok: Tokenizer, hf: Any, text: str) -> None
 def test_decode_matches_transformers(tok: Tokenizer, hf: Any, text: str) -> None:
     ids = hf(text).input_ids
     for skip in (True, False):
-        assert tok.decode(ids, skip_special_tokens=skip) == hf.decode(
-            ids, skip_special_tokens=skip
-        )
+        assert tok.decode(ids, skip_special_tokens=skip) == hf.decode(ids, skip_special_tokens=skip)
 
 
 def test_round_trip(tok: Tokenizer) -> None:
@@ -81,12 +77,10 @@ def test_round_trip(tok: Tokenizer) -> None:
 
 
 def test_incomplete_bytes_decode_like_transformers(tok: Tokenizer, hf: Any) -> None:
-    euro = tok.encode(
-        "€"
-    )  # "€" is a byte-fallback sequence or one piece; both are fine
+    euro = tok.encode("€")  # "€" is a byte-fallback sequence or one piece; both are fine
     byte_ids = [tok.encode(c)[0] for c in ("𠀋",)]
     seqs = [[*tok.encode("𠀋")[:2]], [*tok.encode("𠀋")[:3], *tok.encode("x")], euro]
-    for ids in seqs + [byte_ids]:
+    for ids in [*seqs, byte_ids]:
         assert tok.decode(ids) == hf.decode(ids, skip_special_tokens=True)
 
 
@@ -164,7 +158,7 @@ def test_from_hf_dir_matches_transformers(hf_dir: Path) -> None:
     transformers = pytest.importorskip("transformers")
     try:
         ref = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
-    except Exception as exc:  # noqa: BLE001 - any loader failure means no reference
+    except Exception as exc:
         pytest.skip(f"transformers cannot load the test dir: {exc}")
     tok = Tokenizer.from_hf_dir(hf_dir)
     # Known difference: for runs of spaces transformers' converted (fast) Llama tokenizer

@@ -1,0 +1,344 @@
+"""Engine checks and timings on random weights in real model shapes (meant for the GPU machine).
+
+    python -m loadgen.device_bench --out results.json [--tiny] [--device cuda] [--only parity,bf16,w2]
+
+* parity: float32, the engine's greedy tokens vs transformers' on the same random weights.
+* bf16:   the engine in bfloat16 on both shapes (a short batched run; tokens/s).
+* w2:     decode-heavy: 64 requests x 128 prompt tokens x 1024 output tokens (Gemma 3 270M
+          shape, bfloat16, ignore_eos), overlap on vs off: throughput and the engine's own
+          device-gap figures.
+
+Prompts are token ids; weights come from transformers' own initialisation (seeded).
+The tokenizer directory must hold a ``tokenizer.model`` whose vocabulary covers the shapes'
+(the Gemma 3 vocabulary does: 262144 ids).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import torch
+
+import aserve
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "gemma3-270m": {
+        "arch": "gemma3", "vocab_size": 262144, "hidden_size": 640, "intermediate_size": 2048,
+        "num_hidden_layers": 18, "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 256,
+        "sliding_window": 512, "max_position_embeddings": 32768, "query_pre_attn_scalar": 256,
+    },
+    "llama3.2-1b": {
+        "arch": "llama", "vocab_size": 128256, "hidden_size": 2048, "intermediate_size": 8192,
+        "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "max_position_embeddings": 131072, "tie_word_embeddings": True,
+        "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+                            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    },
+    # Small stand-ins so the script itself can be exercised on a CPU.
+    "tiny-gemma3": {
+        "arch": "gemma3", "vocab_size": 262144, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32,
+        "sliding_window": 16, "max_position_embeddings": 4096, "query_pre_attn_scalar": 32,
+    },
+    "tiny-llama": {
+        "arch": "llama", "vocab_size": 128256, "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "max_position_embeddings": 4096, "tie_word_embeddings": True,
+    },
+}  # fmt: skip
+
+
+def build_checkpoint(shape: str, root: Path, tokenizer_dir: Path, seed: int = 0) -> tuple[Path, Any]:
+    """Random weights (transformers' init) saved as safetensors, plus the tokenizer files."""
+    spec = dict(SHAPES[shape])
+    arch = spec.pop("arch")
+    torch.manual_seed(seed)
+    model: Any
+    if arch == "gemma3":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        n = spec["num_hidden_layers"]
+        layer_types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(n)]
+        if "full_attention" not in layer_types:
+            layer_types[-1] = "full_attention"
+        gcfg = Gemma3TextConfig(**spec, layer_types=layer_types, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+        model = Gemma3ForCausalLM(gcfg)
+    else:
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        lcfg = LlamaConfig(**spec, bos_token_id=2, eos_token_id=1, pad_token_id=0)
+        model = LlamaForCausalLM(lcfg)
+    model.eval()
+    path = root / shape
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    shutil.copy(tokenizer_dir / "tokenizer.model", path / "tokenizer.model")
+    (path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<bos>", "eos_token": "<eos>", "add_bos_token": True})
+    )
+    return path, model
+
+
+def _prompts(n: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[2] + [rng.randrange(10, min(vocab, 200_000)) for _ in range(length - 1)] for _ in range(n)]
+
+
+async def _run_batch(engine: aserve.Engine, prompts: list[list[int]], params: aserve.SamplingParams) -> list[Any]:
+    out: list[Any] = [None] * len(prompts)
+
+    async def one(i: int) -> None:
+        out[i] = await engine.complete(prompts[i], params)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(one, i)
+    return out
+
+
+def check_parity(shape: str, root: Path, tok_dir: Path, device: str, max_new: int) -> dict[str, Any]:
+    path, hf = build_checkpoint(shape, root, tok_dir)
+    hf = hf.to(device=device, dtype=torch.float32)
+    hf.config._attn_implementation = "sdpa"
+    prompts = _prompts(4, 12, hf.config.vocab_size, seed=1) + _prompts(2, 70, hf.config.vocab_size, seed=2)
+    refs = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p], device=device)
+            out = hf.generate(ids, max_new_tokens=max_new, do_sample=False, eos_token_id=None, pad_token_id=0)
+            refs.append(out[0, len(p) :].tolist())
+    del hf
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    params = aserve.SamplingParams(max_tokens=max_new, temperature=0, ignore_eos=True)
+
+    async def run() -> list[Any]:
+        async with aserve.Engine(model=str(path), device=device, dtype="float32", warmup=False,
+                                 kv_cache_bytes=2**30, max_context=512) as engine:  # fmt: skip
+            return await _run_batch(engine, prompts, params)
+
+    res = anyio.run(run)
+    matched = sum(r.token_ids == ref for r, ref in zip(res, refs))
+    first_div = []
+    for r, ref in zip(res, refs):
+        k = next((i for i, (a, b) in enumerate(zip(r.token_ids, ref)) if a != b), None)
+        first_div.append(k)
+    return {"shape": shape, "requests": len(prompts), "exact_match": matched, "first_divergence": first_div}
+
+
+def run_throughput(
+    shape: str, root: Path, tok_dir: Path, device: str, dtype: str, n: int, prompt_len: int, out_len: int,
+    overlap: bool, max_running: int,
+) -> dict[str, Any]:  # fmt: skip
+    path = root / shape
+    if not (path / "config.json").exists():
+        build_checkpoint(shape, root, tok_dir)
+    vocab = SHAPES[shape]["vocab_size"]
+    prompts = _prompts(n, prompt_len, vocab, seed=3)
+    params = aserve.SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
+
+    async def run() -> dict[str, Any]:
+        async with aserve.Engine(model=str(path), device=device, dtype=dtype, overlap=overlap,
+                                 max_running_requests=max_running, max_context=prompt_len + out_len + 8,
+                                 max_num_batched_tokens=8192, kv_cache_bytes=8 * 2**30) as engine:  # fmt: skip
+            engine.reset_stats()
+            t0 = time.perf_counter()
+            res = await _run_batch(engine, prompts, params)
+            wall = time.perf_counter() - t0
+            st = engine.stats()
+            recs = engine.step_records()
+        out_tokens = sum(len(r.token_ids) for r in res)
+        decode = [r for r in recs if r.num_decodes == r.num_seqs]
+        gaps = [r.device_gap_s for r in decode if r.device_gap_s is not None]
+        busy = sum(r.device_busy_s for r in recs)
+        span = sum(r.device_busy_s + (r.device_gap_s or 0.0) for r in recs)
+        steady = [r for r in decode if r.num_seqs == n]
+        steady_busy = sum(r.device_busy_s for r in steady)
+        steady_gap = sum(r.device_gap_s or 0.0 for r in steady)
+
+        def med(xs: list[float]) -> float | None:
+            return statistics.median(xs) if xs else None
+
+        return {
+            "shape": shape, "dtype": dtype, "overlap": overlap, "requests": n, "prompt_len": prompt_len,
+            "output_len": out_len, "wall_s": wall, "output_tokens": out_tokens, "output_tok_s": out_tokens / wall,
+            "steps": st.num_steps, "median_decode_gap_us": statistics.median(gaps) * 1e6 if gaps else None,
+            "p90_decode_gap_us": sorted(gaps)[int(0.9 * (len(gaps) - 1))] * 1e6 if gaps else None,
+            "device_busy_fraction": busy / span if span else None,
+            "steady_decode_idle_fraction": steady_gap / (steady_busy + steady_gap) if steady else None,
+            "median_step_busy_ms": med([r.device_busy_s * 1e3 for r in decode]),
+            "host_plan_ms_per_step": st.host_plan_s / st.num_steps * 1e3,
+            "host_launch_ms_per_step": st.host_launch_s / st.num_steps * 1e3,
+            "host_commit_ms_per_step": st.host_commit_s / st.num_steps * 1e3,
+        }  # fmt: skip
+
+    return anyio.run(run)
+
+
+def bench_wakeup(waits: int = 40, sleep_cycles: int = 2_000_000) -> list[dict[str, Any]]:
+    """Wake-up latency and CPU cost of three ways to await a CUDA event from the event loop.
+
+    A spinning helper thread timestamps the moment each event completes (``query()`` in a
+    tight loop); the awaiting coroutine timestamps when it resumes. CPU cost is process CPU
+    time (all threads, the spinner excluded by running it only in a calibration pass).
+    """
+    import threading
+
+    from aserve.device.events import CudaEventWaiter, DeviceEvent, LoopWaker
+
+    def gpu_event() -> torch.cuda.Event:
+        torch.cuda._sleep(sleep_cycles)
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def done_time(ev: torch.cuda.Event) -> float:
+        while not ev.query():
+            pass
+        return time.perf_counter()
+
+    async def strategy(name: str) -> dict[str, Any]:
+        waiter = CudaEventWaiter(LoopWaker()) if name == "waiter-thread" else None
+        lat: list[float] = []
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for _i in range(waits):
+            ev = gpu_event()
+            if name == "waiter-thread":
+                assert waiter is not None
+                dev = DeviceEvent("bench", ev)
+                waiter.watch(dev)
+                await dev.wait()
+            elif name == "poll-yield":
+                while not ev.query():
+                    await anyio.lowlevel.checkpoint()
+            else:
+                while not ev.query():
+                    await anyio.sleep(50e-6)
+            lat.append(time.perf_counter())
+        cpu = time.process_time() - cpu0
+        wall = time.perf_counter() - wall0
+        if waiter is not None:
+            waiter.close()
+        # Calibration pass: the same events with a spinning timestamp thread -> latency.
+        lats = []
+        for _i in range(10):
+            ev = gpu_event()
+            box: dict[str, float] = {}
+            th = threading.Thread(target=lambda e=ev, b=box: b.__setitem__("t", done_time(e)))
+            th.start()
+            if name == "waiter-thread":
+                waiter2 = CudaEventWaiter(LoopWaker())
+                dev = DeviceEvent("bench", ev)
+                waiter2.watch(dev)
+                await dev.wait()
+                waiter2.close()
+            elif name == "poll-yield":
+                while not ev.query():
+                    await anyio.lowlevel.checkpoint()
+            else:
+                while not ev.query():
+                    await anyio.sleep(50e-6)
+            t_wake = time.perf_counter()
+            th.join()
+            lats.append(t_wake - box["t"])
+        return {"strategy": name, "cpu_s_per_wall_s": cpu / wall, "median_wake_latency_us": statistics.median(lats) * 1e6,
+                "max_wake_latency_us": max(lats) * 1e6}  # fmt: skip
+
+    out = []
+    for name in ("waiter-thread", "poll-yield", "poll-sleep-50us"):
+        out.append(anyio.run(strategy, name))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="device_bench.json")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tokenizer-dir", default=".gpu")
+    ap.add_argument("--work-dir", default="/tmp/aserve-bench")
+    ap.add_argument("--tiny", action="store_true", help="tiny stand-in shapes and sizes (CPU smoke run)")
+    ap.add_argument("--only", default="wake,parity,bf16,w2")
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    root, tok = Path(args.work_dir), Path(args.tokenizer_dir)
+    g, ll = ("tiny-gemma3", "tiny-llama") if args.tiny else ("gemma3-270m", "llama3.2-1b")
+    bf16 = "bfloat16" if args.device == "cuda" else "float32"
+    results: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": args.device, "torch": torch.__version__,
+        "python": platform.python_version(),
+        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
+        "driver": _driver(), "aserve": aserve.__version__,
+    }  # fmt: skip
+    if args.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = False  # float32 parity must be float32
+    if "wake" in only and args.device == "cuda":
+        results["wake"] = bench_wakeup()
+        print(json.dumps(results["wake"]), flush=True)
+    if "parity" in only:
+        results["parity"] = [check_parity(s, root, tok, args.device, 16 if args.tiny else 24) for s in (g, ll)]
+        print(json.dumps(results["parity"]), flush=True)
+    if "bf16" in only:
+        results["bf16"] = [
+            run_throughput(s, root, tok, args.device, bf16, 8 if args.tiny else 32, 64, 16 if args.tiny else 128, True, 256)
+            for s in (g, ll)
+        ]  # fmt: skip
+        print(json.dumps(results["bf16"]), flush=True)
+    if "w2" in only:
+        n, plen, olen = (8, 32, 48) if args.tiny else (64, 128, 1024)
+        results["w2"] = [
+            run_throughput(g, root, tok, args.device, bf16, n, plen, olen, ov, 256) for ov in (True, False, True, False)
+        ]
+        print(json.dumps(results["w2"]), flush=True)
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    _table(results)
+
+
+def _driver() -> str | None:
+    try:
+        import subprocess
+
+        return subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=10).stdout.strip() or None  # fmt: skip
+    except Exception:
+        return None
+
+
+def _table(results: dict[str, Any]) -> None:
+    for w in results.get("wake", []):
+        print(
+            f"wake {w['strategy']:>16}: p50 {w['median_wake_latency_us']:.1f} us, max {w['max_wake_latency_us']:.1f} us, "
+            f"CPU {w['cpu_s_per_wall_s']:.2f} s per s waited"
+        )
+    for p in results.get("parity", []):
+        print(
+            f"parity {p['shape']:>12}: {p['exact_match']}/{p['requests']} exact; first divergence {p['first_divergence']}"
+        )
+    print(
+        f"{'run':>34} {'tok/s':>9} {'gap p50 us':>10} {'idle%':>6} {'busy ms':>8} {'plan':>6} {'launch':>6} {'commit':>6}"
+    )
+    for key in ("bf16", "w2"):
+        for r in results.get(key, []):
+            name = f"{key} {r['shape']} {'overlap' if r['overlap'] else 'serial'}"
+            gap = r["median_decode_gap_us"]
+            idle = r["steady_decode_idle_fraction"]
+            print(
+                f"{name:>34} {r['output_tok_s']:9.1f} {gap if gap is None else round(gap, 1)!s:>10} "
+                f"{'-' if idle is None else round(100 * idle, 2)!s:>6} {r['median_step_busy_ms'] or 0:8.2f} "
+                f"{r['host_plan_ms_per_step']:6.2f} {r['host_launch_ms_per_step']:6.2f} {r['host_commit_ms_per_step']:6.2f}"
+            )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
