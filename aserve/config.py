@@ -34,6 +34,9 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU
     log_format: Literal["console", "json"] = "console"
     trace_path: str | None = None  # write a Chrome trace-event JSON of the run here on exit
+    # How a coroutine awaits a CUDA event: poll query() from the loop, or a helper thread
+    # blocked in cudaEventSynchronize. Measured on the H200: see docs/architecture.md.
+    cuda_event_wait: Literal["poll", "thread"] = "poll"
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in _DTYPES:

@@ -109,7 +109,8 @@ class Engine:
         self._cpu_stream: CpuStream | None = None
         self._cuda_waiter: CudaEventWaiter | None = None
         if parts.device.type == "cuda":
-            self._cuda_waiter = CudaEventWaiter(self._waker)
+            if cfg.cuda_event_wait == "thread":
+                self._cuda_waiter = CudaEventWaiter(self._waker)
         else:
             self._cpu_stream = CpuStream(self._waker)
         self.scheduler = Scheduler(

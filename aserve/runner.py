@@ -13,6 +13,7 @@ stream, forward and sampling on the forward stream, D2H on the copy stream.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ import torch
 
 from aserve.attention.metadata import AttentionMetadata
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
+from aserve.device.staging import PinnedStaging
 from aserve.kv.pool import KVPool
 from aserve.sampling.sampler import SampleOutput, make_sampling_batch, sample
 from aserve.scheduler.future_map import FutureMap
@@ -91,6 +93,9 @@ class ModelRunner:
         self.cpu_stream = cpu_stream
         self.cuda_waiter = cuda_waiter
         self._index = 0
+        # Per-slot pinned buffers (3 > pipeline depth, see PinnedStaging) for inputs and outputs.
+        self.staging = PinnedStaging(3, pin=device.type == "cuda")
+        self.out_staging = PinnedStaging(3, pin=device.type == "cuda")
         if device.type == "cuda":
             self.schedule_stream = torch.cuda.Stream(device)
             self.forward_stream = torch.cuda.Stream(device)
@@ -253,30 +258,35 @@ class ModelRunner:
         return step
 
     def _launch_cuda(self, index: int, plan: Plan, host: dict[str, Any]) -> Step:
-        waiter = self.cuda_waiter
-        assert waiter is not None
         params, seeds, steps, prompts, outputs = host["sampling"]
-        dev: dict[str, Any] = {"prefix_cpu": host["prefix_cpu"], "extend_cpu": host["extend_cpu"]}
+        sbatch_host = make_sampling_batch(params, seeds, steps, prompts, outputs, "cpu")
+        uploads = {k: v for k, v in host.items() if isinstance(v, torch.Tensor)}
+        sampling_fields = {
+            f.name: getattr(sbatch_host, f.name)
+            for f in dataclasses.fields(sbatch_host)
+            if isinstance(getattr(sbatch_host, f.name), torch.Tensor)
+        }
+        uploads.update({"s." + k: v for k, v in sampling_fields.items()})
         with torch.cuda.stream(self.schedule_stream):
-            for k, v in host.items():
-                if isinstance(v, torch.Tensor):
-                    dev[k] = v.pin_memory().to(self.device, non_blocking=True)
-            dev["sbatch"] = make_sampling_batch(params, seeds, steps, prompts, outputs, self.device)
+            dev: dict[str, Any] = dict(self.staging.upload(index, uploads, self.device))
+        replaced: dict[str, Any] = {k: dev["s." + k] for k in sampling_fields}
+        dev["sbatch"] = dataclasses.replace(sbatch_host, **replaced)
+        dev["prefix_cpu"], dev["extend_cpu"] = host["prefix_cpu"], host["extend_cpu"]
         self.forward_stream.wait_stream(self.schedule_stream)
         with torch.cuda.stream(self.forward_stream):
-            begin = cuda_record(self.forward_stream, waiter, f"step{index}.forward_begin", watch=False)
+            begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin", watch=False)
             out = self._device_work(dev)
-            materialized = cuda_record(self.forward_stream, waiter, f"step{index}.materialized", watch=False)
+            materialized = cuda_record(self.forward_stream, None, f"step{index}.materialized", watch=False)
         self.copy_stream.wait_stream(self.forward_stream)
         bufs: dict[str, torch.Tensor] = {}
         with torch.cuda.stream(self.copy_stream):
             for name in ("token_ids", "logprobs", "top_ids", "top_logprobs"):
                 t = getattr(out, name)
                 if t is not None:
-                    buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                    buf = self.out_staging.buffer(index, t.dtype, t.numel()).view(t.shape)
                     buf.copy_(t, non_blocking=True)
                     bufs[name] = buf
-            copied = cuda_record(self.copy_stream, waiter, f"step{index}.copied")
+            copied = cuda_record(self.copy_stream, self.cuda_waiter, f"step{index}.copied")
         step = Step(
             index=index,
             entries=self._entries(plan),
@@ -286,7 +296,7 @@ class ModelRunner:
             materialized=materialized,
             copied=copied,
             launch_time=0.0,
-            keepalive=[dev, out, bufs],
+            keepalive=[dev, out],
         )
         step._read_outputs = lambda: _bufs_to_outputs(bufs)
         return step

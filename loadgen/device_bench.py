@@ -261,6 +261,21 @@ def bench_wakeup(waits: int = 40, sleep_cycles: int = 2_000_000) -> list[dict[st
     return out
 
 
+def profile_host(shape: str, root: Path, tok_dir: Path, device: str, dtype: str) -> str:
+    """cProfile of the event-loop thread during a decode-heavy run: where host time goes."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    run_throughput(shape, root, tok_dir, device, dtype, 64, 128, 96, True, 256)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    return buf.getvalue()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="device_bench.json")
@@ -300,6 +315,9 @@ def main() -> None:
             run_throughput(g, root, tok, args.device, bf16, n, plen, olen, ov, 256) for ov in (True, False, True, False)
         ]
         print(json.dumps(results["w2"]), flush=True)
+    if "profile" in only:
+        results["profile"] = profile_host(g, root, tok, args.device, bf16)
+        print(results["profile"][-6000:], flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     _table(results)
 
