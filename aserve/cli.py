@@ -1,4 +1,4 @@
-"""The ``aserve`` command: generate, info, verify (and serve once the server lands)."""
+"""The ``aserve`` command: serve, generate, info, verify."""
 
 from __future__ import annotations
 
@@ -137,6 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify.add_argument("--workload-seed", type=int, default=0)
     add_engine_args(verify)
 
+    from aserve.server.serve import add_serve_subcommand
+
+    add_serve_subcommand(sub)
+
     args = parser.parse_args(argv)
     configure_logging(getattr(args, "log_format", "console"))
     try:
@@ -144,6 +148,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return anyio.run(_generate, args)
         if args.command == "info":
             return anyio.run(_info, args)
+        if args.command == "serve":
+            return int(args.handler(args))  # runs its own event loop (Hypercorn on asyncio)
         if args.command == "verify":
             from aserve.verify import run_verify
 

@@ -1,0 +1,242 @@
+"""OpenAI-compatible request and response models (pydantic), and their mapping to SamplingParams.
+
+Field names follow the OpenAI API so that unmodified clients work. Unknown fields are
+ignored, as OpenAI does, so newer client libraries that send extra options keep working.
+Range checks live in :class:`aserve.SamplingParams`, the one place that knows the engine's
+limits; the models here only check shapes and types.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+
+from aserve.errors import InvalidRequestError
+from aserve.sampling_params import SamplingParams
+
+# Without a max_tokens the OpenAI API generates to the end of the context; a server that
+# did that on every bare request would be trivially overloaded, so default to a modest cap.
+DEFAULT_MAX_TOKENS = 256
+
+# `StrictInt` keeps JSON floats and strings out of integer fields: OpenAI rejects
+# `"max_tokens": "5"` too. Floats accept ints, as JSON does not distinguish them.
+TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
+
+
+def _documented(default: Any = None, **bounds: float) -> Any:
+    """A field whose bounds appear in the OpenAPI schema but are enforced by SamplingParams.
+
+    SamplingParams stays the single validator (its messages name the parameter and the
+    engine's limits); the schema only tells clients and fuzzers what is accepted.
+    """
+    return Field(default, json_schema_extra=dict(bounds))
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: StrictBool | None = False
+
+
+class _SamplingFields(_Request):
+    """Options shared by completions and chat completions."""
+
+    model: str
+    max_tokens: StrictInt | None = _documented(minimum=1)
+    n: StrictInt = _documented(1, minimum=1, maximum=64)
+    stop: str | list[str] | None = None
+    seed: StrictInt | None = _documented(minimum=-(2**63), maximum=2**63 - 1)
+    temperature: float | None = _documented(minimum=0)
+    top_p: float | None = _documented(exclusiveMinimum=0, maximum=1)
+    top_k: StrictInt | None = _documented(minimum=-1)
+    min_p: float | None = _documented(minimum=0, exclusiveMaximum=1)
+    frequency_penalty: float | None = _documented(minimum=-2, maximum=2)
+    presence_penalty: float | None = _documented(minimum=-2, maximum=2)
+    repetition_penalty: float | None = _documented(exclusiveMinimum=0, maximum=10)
+    stream: StrictBool | None = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: StrictBool | None = False
+    user: str | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def _params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        stop: tuple[str, ...]
+        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        return SamplingParams(
+            max_tokens=DEFAULT_MAX_TOKENS if max_tokens is None else max_tokens,
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=0 if self.top_k is None else self.top_k,
+            min_p=0.0 if self.min_p is None else self.min_p,
+            seed=self.seed,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            stop=stop,
+            ignore_eos=bool(self.ignore_eos),
+            logprobs=logprobs,
+            n=self.n,
+        )
+
+
+class CompletionRequest(_SamplingFields):
+    # One prompt per request: a string or token ids. A one-element list of either is unwrapped.
+    prompt: str | TokenIds | list[str] | list[TokenIds]
+    logprobs: StrictInt | None = _documented(minimum=0, maximum=20)
+    echo: StrictBool | None = False
+
+    def sampling_params(self) -> SamplingParams:
+        return self._params(self.max_tokens, self.logprobs)
+
+
+class ContentPart(_Request):
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: StrictInt | None = _documented(minimum=1)
+    logprobs: StrictBool | None = False
+    top_logprobs: StrictInt | None = _documented(minimum=0, maximum=20)
+
+    def sampling_params(self) -> SamplingParams:
+        limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        top = self.top_logprobs
+        logprobs = (top or 0) if self.logprobs else None
+        if top is not None and not self.logprobs:
+            # OpenAI insists on logprobs=true here; say so instead of silently dropping it.
+            raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
+        return self._params(limit, logprobs)
+
+    def message_dicts(self) -> list[dict[str, Any]]:
+        return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+class UsageInfo(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobInfo(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobInfo] | None = None
+
+
+class ResponseMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ResponseMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "aserve"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int | str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo

@@ -1,0 +1,276 @@
+"""HTTP endpoints: completions, chat completions, models, health, metrics, OpenAPI."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Any, TypeVar, cast
+
+import anyio
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aserve import __version__
+from aserve.engine import Engine
+from aserve.errors import ContextLengthError, InvalidRequestError
+from aserve.outputs import Delta, Usage
+from aserve.sampling_params import SamplingParams
+from aserve.server.app import ServerState
+from aserve.server.errors import APIError
+from aserve.server.openapi import openapi_document
+from aserve.server.protocol import (
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    ModelCard,
+    ModelList,
+)
+from aserve.server.render import chat_logprobs, chat_response, completion_logprobs, completion_response, usage_info
+from aserve.server.sse import SSEResponse, stream_events
+from aserve.tokenizer.chat import apply_chat_template
+from aserve.tokenizer.tokenizer import Tokenizer
+
+T = TypeVar("T")
+
+
+def _server(request: Request) -> ServerState:
+    return cast(ServerState, request.state.server)
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"request body is {declared} bytes; the limit is {limit}", "invalid_request_error")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:  # a chunked body has no Content-Length to check up front
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error")
+    try:
+        return json.loads(bytes(body).decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"request body is not valid UTF-8: {exc}", "invalid_request_error") from exc
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise APIError(400, f"request body is not valid JSON: {exc}", "invalid_request_error") from exc
+
+
+def _check_model(server: ServerState, name: str) -> None:
+    if name not in server.model_names():
+        raise APIError(
+            404,
+            f"the model `{name}` does not exist; this server serves `{server.settings.served_model_name}`",
+            "not_found_error",
+            param="model",
+        )
+
+
+def _check_length(engine: Engine, prompt_len: int, requested: int | None) -> None:
+    # Explicit max_tokens that cannot fit is a client error (as with OpenAI), not a silent cap.
+    ctx = engine.max_context
+    if requested is not None and prompt_len < ctx and prompt_len + requested > ctx:
+        raise ContextLengthError(
+            f"this model's maximum context length is {ctx} tokens; the prompt has {prompt_len} tokens and "
+            f"max_tokens asks for {requested} more; lower max_tokens to at most {ctx - prompt_len}",
+            param="max_tokens",
+        )
+
+
+def _completion_prompt(tok: Tokenizer, prompt: str | list[Any]) -> list[int]:
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise InvalidRequestError("send one prompt per request (batched prompts are not supported)", param="prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("prompt is empty", param="prompt")
+        return tok.encode(prompt, add_special_tokens=True)  # what the engine does for a str prompt
+    return list(prompt)
+
+
+class _CompletionChunks:
+    def __init__(self, tok: Tokenizer, rid: str, model: str, want_logprobs: bool) -> None:
+        self.tok, self.rid, self.model, self.want_logprobs = tok, rid, model, want_logprobs
+        self.offsets: dict[int, int] = {}
+
+    def opening(self) -> list[BaseModel]:
+        return []
+
+    def delta(self, d: Delta) -> BaseModel:
+        lps = None
+        if self.want_logprobs:
+            lps = completion_logprobs(self.tok, d.logprobs or (), self.offsets.get(d.index, 0))
+            self.offsets[d.index] = lps.text_offset[-1] + len(lps.tokens[-1]) if lps.tokens else 0
+        choice = CompletionChoice(index=d.index, text=d.text, logprobs=lps, finish_reason=d.finish_reason)
+        return CompletionResponse(id=self.rid, model=self.model, choices=[choice])
+
+    def usage(self, usage: Usage) -> BaseModel:
+        return CompletionResponse(id=self.rid, model=self.model, choices=[], usage=usage_info(usage))
+
+
+class _ChatChunks:
+    def __init__(self, tok: Tokenizer, rid: str, model: str, n: int, want_logprobs: bool) -> None:
+        self.tok, self.rid, self.model, self.n, self.want_logprobs = tok, rid, model, n, want_logprobs
+
+    def _chunk(self, choices: list[ChatChunkChoice], **kw: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.rid, model=self.model, choices=choices, **kw)
+
+    def opening(self) -> list[BaseModel]:
+        # OpenAI's first chunk of each choice carries only the role.
+        return [
+            self._chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+            for i in range(self.n)
+        ]
+
+    def delta(self, d: Delta) -> BaseModel:
+        lps = chat_logprobs(self.tok, d.logprobs or ()) if self.want_logprobs else None
+        msg = DeltaMessage(content=d.text)
+        return self._chunk([ChatChunkChoice(index=d.index, delta=msg, logprobs=lps, finish_reason=d.finish_reason)])
+
+    def usage(self, usage: Usage) -> BaseModel:
+        return self._chunk([], usage=usage_info(usage))
+
+
+async def _generate(
+    request: Request, endpoint: str, req: CompletionRequest | ChatCompletionRequest, prompt_of: Any
+) -> Response:
+    server = _server(request)
+    _check_model(server, req.model)
+    engine = server.admit()
+    handed_off = False
+    timer = server.metrics.timer(endpoint)
+    try:
+        tok = engine.tokenizer
+        params: SamplingParams = req.sampling_params()
+        if isinstance(req, CompletionRequest) and req.echo:
+            raise InvalidRequestError("echo is not supported", param="echo")
+        ids: list[int] = prompt_of(tok)
+        requested = req.max_completion_tokens if isinstance(req, ChatCompletionRequest) else None
+        _check_length(engine, len(ids), requested if requested is not None else req.max_tokens)
+        prefix = "chatcmpl-" if endpoint == "chat" else "cmpl-"
+        rid = prefix + request.state.request_id
+        want_lps = params.logprobs is not None
+        if req.stream:
+            gen = cast(AsyncGenerator[Delta, None], engine.generate(ids, params, request_id=rid))
+            # Prime it so that admission errors (context, queue full) still get a real status.
+            # Until the first token no response is running, so watch for a disconnect ourselves.
+            primed = await _while_connected(request, lambda: anext(gen, None), f"first_token[{rid}]")
+            if not primed:
+                await gen.aclose()
+                timer.finish("abort")
+                return Response(status_code=499)
+            first = primed[0]
+            timer.admitted(len(ids))
+            maker = (
+                _ChatChunks(tok, rid, req.model, params.n, want_lps)
+                if endpoint == "chat"
+                else _CompletionChunks(tok, rid, req.model, want_lps)
+            )
+            body = stream_events(
+                first, gen, maker, prompt_tokens=len(ids), include_usage=req.include_usage, timer=timer
+            )
+            handed_off = True
+            return SSEResponse(body, gen, server.release)
+        results = await _while_connected(
+            request, lambda: engine.complete(ids, params, request_id=rid), f"complete[{rid}]"
+        )
+        if not results:
+            timer.finish("abort")
+            return Response(status_code=499)  # nobody is left to read it; keeps the access log honest
+        result = results[0]
+        timer.admitted(len(ids))
+        if any(o.finish_reason == "abort" for o in result.outputs):
+            raise APIError(503, "the server is shutting down; request aborted", "request_aborted")
+        timer.observe_result(result.metrics, result.usage.completion_tokens)
+        timer.finish("success")
+        render = chat_response if endpoint == "chat" else completion_response
+        return JSONResponse(render(tok, rid, req.model, result, want_lps).model_dump(mode="json"))
+    finally:
+        if not handed_off:
+            # Rejections and failures are counted by status in the middleware.
+            server.release()
+
+
+async def _while_connected(request: Request, work: Callable[[], Awaitable[T]], name: str) -> list[T]:
+    """``[await work()]``, or ``[]`` if the client disconnects first (``work`` is then cancelled,
+    which aborts its engine request and frees the KV)."""
+    found: list[T] = []
+
+    async def run() -> None:
+        found.append(await work())
+        tg.cancel_scope.cancel()
+
+    async def watch_disconnect() -> None:
+        # The body has been read, so the next message can only be the disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        tg.cancel_scope.cancel()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(run, name=f"aserve.server.{name}")
+            tg.start_soon(watch_disconnect, name=f"aserve.server.watch_disconnect[{name}]")
+    except BaseExceptionGroup as group:
+        # Unwrap so that an AserveError from the engine still maps to its own status.
+        if len(group.exceptions) == 1 and isinstance(group.exceptions[0], Exception):
+            raise group.exceptions[0] from None
+        raise
+    return found
+
+
+async def completions(request: Request) -> Response:
+    req = CompletionRequest.model_validate(await _read_json(request, _server(request).settings.max_body_bytes))
+    return await _generate(request, "completions", req, lambda tok: _completion_prompt(tok, req.prompt))
+
+
+async def chat_completions(request: Request) -> Response:
+    req = ChatCompletionRequest.model_validate(await _read_json(request, _server(request).settings.max_body_bytes))
+
+    def prompt_of(tok: Tokenizer) -> list[int]:
+        # The template already starts with BOS; encoding must not add a second one.
+        return tok.encode(apply_chat_template(tok, req.message_dicts()), add_special_tokens=False)
+
+    return await _generate(request, "chat", req, prompt_of)
+
+
+async def models(request: Request) -> Response:
+    server = _server(request)
+    ctx = server.engine.max_context if server.ready and server.engine is not None else None
+    listing = ModelList(data=[ModelCard(id=server.settings.served_model_name, max_model_len=ctx)])
+    return JSONResponse(listing.model_dump(mode="json"))
+
+
+async def health(request: Request) -> Response:
+    server = _server(request)
+    if server.draining:
+        return JSONResponse({"status": "draining"}, 503)
+    if not server.ready:
+        return JSONResponse({"status": "loading"}, 503, headers={"Retry-After": "1"})
+    return JSONResponse({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    return Response(_server(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def openapi(request: Request) -> Response:
+    server = _server(request)
+    doc = openapi_document("aserve", __version__, bearer_auth=server.settings.api_key is not None)
+    return JSONResponse(doc)
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        Route("/openapi.json", openapi, methods=["GET"]),
+    ]

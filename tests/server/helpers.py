@@ -1,0 +1,104 @@
+"""A real `aserve serve` subprocess on a free loopback port, and SSE parsing for the tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+MODEL = "gemma-3-270m"
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerProcess:
+    def __init__(self, *extra: str, log_path: Path) -> None:
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cmd = [
+            sys.executable,
+            "-m",
+            "aserve",
+            "serve",
+            "--port",
+            str(self.port),
+            "--max-running-requests",
+            "128",
+            "--num-threads",
+            "2",
+            *extra,
+        ]
+        env = {**os.environ, "ASERVE_API_KEY": API_KEY}
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 180.0) -> None:
+        deadline = time.monotonic() + timeout
+        seen_503 = False
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                r = httpx.get(self.base_url + "/health", timeout=2)
+                if r.status_code == 200:
+                    self.saw_loading = seen_503
+                    return
+                seen_503 = seen_503 or r.status_code == 503
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready after {timeout}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 4000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-n:]
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return int(self.proc.returncode)
+
+
+def parse_sse(raw: str) -> tuple[list[dict[str, Any]], bool]:
+    """The JSON events of an SSE body, and whether it ended with `data: [DONE]`."""
+    events: list[dict[str, Any]] = []
+    done = False
+    for block in raw.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        assert not done, "event after [DONE]"
+        data = block[len("data: ") :]
+        if data == "[DONE]":
+            done = True
+        else:
+            events.append(json.loads(data))
+    return events, done
+
+
+def metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise KeyError(name)

@@ -1,0 +1,257 @@
+"""End-to-end tests of `aserve serve` (real Hypercorn on loopback, CPU, default model).
+
+One server process serves the whole module; workloads stay tiny (a few tokens) so the module
+runs in well under three minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess, metric, parse_sse
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = ServerProcess("--max-body-bytes", "65536", log_path=tmp_path_factory.mktemp("srv") / "server.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_gguf: Path) -> Any:
+    from aserve.tokenizer.tokenizer import Tokenizer
+
+    return Tokenizer.from_gguf(default_gguf)
+
+
+@pytest.fixture(scope="module")
+def client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
+
+
+def test_health_models_openapi(server: ServerProcess) -> None:
+    r = httpx.get(server.base_url + "/health")
+    assert r.status_code == 200 and r.headers["x-request-id"]
+    models = httpx.get(server.base_url + "/v1/models", headers=AUTH).json()
+    assert [m["id"] for m in models["data"]] == [MODEL]
+    doc = httpx.get(server.base_url + "/openapi.json").json()
+    assert doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"]
+    validator = pytest.importorskip("openapi_spec_validator")
+    validator.validate(doc)
+
+
+def test_completions_stream_equals_non_stream(client: openai.OpenAI, tokenizer: Any) -> None:
+    prompt = "The capital of France is"
+    kw: dict[str, Any] = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    full = client.completions.create(**kw, logprobs=1, extra_body={"ignore_eos": True})
+    assert full.usage is not None
+    assert full.usage.prompt_tokens == len(tokenizer.encode(prompt, add_special_tokens=True))
+    assert full.usage.completion_tokens == 8
+    assert full.choices[0].logprobs is not None and len(full.choices[0].logprobs.tokens or []) == 8
+    chunks = list(
+        client.completions.create(
+            **kw, stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True}
+        )
+    )
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == full.choices[0].text
+    assert chunks[-1].usage is not None and chunks[-1].usage.model_dump() == full.usage.model_dump()
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_chat_stream_equals_non_stream_with_n(client: openai.OpenAI, tokenizer: Any) -> None:
+    from aserve.tokenizer.chat import apply_chat_template
+
+    messages: list[Any] = [{"role": "user", "content": "Say hi."}]
+    kw: dict[str, Any] = {"model": MODEL, "messages": messages, "max_tokens": 6, "temperature": 0, "n": 2}
+    full = client.chat.completions.create(**kw)
+    prompt_ids = tokenizer.encode(apply_chat_template(tokenizer, messages), add_special_tokens=False)
+    assert full.usage is not None and full.usage.prompt_tokens == len(prompt_ids)
+    assert len(full.choices) == 2 and full.choices[0].message.content == full.choices[1].message.content
+    stream = client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True})
+    texts = {0: "", 1: ""}
+    usage = None
+    for chunk in stream:
+        for ch in chunk.choices:
+            texts[ch.index] += ch.delta.content or ""
+        usage = chunk.usage or usage
+    assert texts == {c.index: c.message.content for c in full.choices}
+    assert usage is not None and usage.model_dump() == full.usage.model_dump()
+    # Chat logprobs come back per token, so they also count the generated tokens.
+    one = client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=5, temperature=0, logprobs=True, top_logprobs=2
+    )
+    assert one.choices[0].logprobs is not None and one.usage is not None
+    content = one.choices[0].logprobs.content or []
+    assert len(content) == one.usage.completion_tokens and all(len(t.top_logprobs) == 2 for t in content)
+
+
+async def _stream(http: httpx.AsyncClient, body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+    async with http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
+        assert r.status_code == 200, await r.aread()
+        raw = (await r.aread()).decode()
+    return parse_sse(raw)
+
+
+def _body(max_tokens: int, **kw: Any) -> dict[str, Any]:
+    return {"model": MODEL, "prompt": "Hello", "max_tokens": max_tokens, "stream": True, "ignore_eos": True, **kw}
+
+
+async def test_100_concurrent_streams(server: ServerProcess) -> None:
+    limits = httpx.Limits(max_connections=200)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120, limits=limits) as http:
+        results = await asyncio.gather(*(_stream(http, _body(3, seed=i, temperature=1.0)) for i in range(100)))
+    for events, done in results:
+        assert done
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+async def _wait_idle(http: httpx.AsyncClient) -> str:
+    text = ""
+    for _ in range(100):
+        text = (await http.get("/metrics")).text
+        idle = all(
+            metric(text, m) == 0
+            for m in ("aserve_kv_used_tokens", "aserve_requests_running", "aserve_requests_waiting")
+        )
+        if idle:
+            return text
+        await asyncio.sleep(0.1)
+    raise AssertionError("engine did not return to idle:\n" + text)
+
+
+async def test_disconnecting_clients_free_kv(server: ServerProcess) -> None:
+    rng = random.Random(0)
+
+    async def leave_early(http: httpx.AsyncClient, after: int) -> None:
+        async with http.stream("POST", "/v1/completions", json=_body(64), headers=AUTH) as r:
+            seen = 0
+            async for _ in r.aiter_lines():
+                seen += 1
+                if seen > after:
+                    break  # closing the response drops the connection mid-stream
+
+    async def give_up_waiting(http: httpx.AsyncClient) -> None:
+        # A non-streamed request whose client times out must be aborted too.
+        body = {**_body(64), "stream": False}
+        with pytest.raises(httpx.ReadTimeout):
+            await http.post("/v1/completions", json=body, headers=AUTH, timeout=0.5)
+
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+        await asyncio.gather(
+            *(leave_early(http, rng.randrange(0, 8)) for _ in range(50)), *(give_up_waiting(http) for _ in range(3))
+        )
+        text = await _wait_idle(http)
+    assert metric(text, 'aserve_requests_total{endpoint="completions",outcome="abort"}') >= 53
+
+
+MALFORMED: list[tuple[str, bytes, dict[str, str], int, str | None]] = [
+    ("invalid json", b'{"model": "gemma-3-270m", "prompt": ', {}, 400, None),
+    ("not an object", b"[1, 2]", {}, 422, None),
+    ("wrong type", json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": "8"}).encode(), {}, 422, "max_tokens"),
+    ("missing prompt", json.dumps({"model": MODEL}).encode(), {}, 422, "prompt"),
+    ("missing model", json.dumps({"prompt": "hi"}).encode(), {}, 422, "model"),
+    (
+        "negative max_tokens",
+        json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": -1}).encode(),
+        {},
+        400,
+        "max_tokens",
+    ),
+    (
+        "huge max_tokens",
+        json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 10**9}).encode(),
+        {},
+        400,
+        "max_tokens",
+    ),
+    ("n = 0", json.dumps({"model": MODEL, "prompt": "hi", "n": 0}).encode(), {}, 400, "n"),
+    ("top_p = 2", json.dumps({"model": MODEL, "prompt": "hi", "top_p": 2}).encode(), {}, 400, "top_p"),
+    ("oversized body", json.dumps({"model": MODEL, "prompt": "x" * 70000}).encode(), {}, 413, None),
+    ("invalid utf-8", b'{"model": "gemma-3-270m", "prompt": "\xff\xfe"}', {}, 400, None),
+    ("unknown model", json.dumps({"model": "gpt-9", "prompt": "hi"}).encode(), {}, 404, "model"),
+    (
+        "wrong api key",
+        json.dumps({"model": MODEL, "prompt": "hi"}).encode(),
+        {"Authorization": "Bearer nope"},
+        401,
+        None,
+    ),
+    ("no api key", json.dumps({"model": MODEL, "prompt": "hi"}).encode(), {"Authorization": ""}, 401, None),
+    ("empty prompt", json.dumps({"model": MODEL, "prompt": ""}).encode(), {}, 400, "prompt"),
+    ("bad token id", json.dumps({"model": MODEL, "prompt": [1, 10**9]}).encode(), {}, 400, "prompt"),
+    ("prompt too long", json.dumps({"model": MODEL, "prompt": [2] * 9000}).encode(), {}, 400, "prompt"),
+]
+
+
+async def test_malformed_requests_while_streaming(server: ServerProcess) -> None:
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+        streams = [asyncio.create_task(_stream(http, _body(12, temperature=0))) for _ in range(4)]
+        await asyncio.sleep(0.5)
+        for name, body, headers, status, param in MALFORMED:
+            r = await http.post(
+                "/v1/completions", content=body, headers={**AUTH, **headers, "Content-Type": "application/json"}
+            )
+            assert r.status_code == status, (name, r.text)
+            err = r.json()["error"]
+            assert set(err) == {"message", "type", "param", "code"} and err["message"], name
+            assert err["code"] == status, name
+            if param is not None:
+                assert err["param"] == param, (name, err)
+            assert r.headers["x-request-id"]
+        for events, done in await asyncio.gather(*streams):
+            assert done and events[-1]["choices"][0]["finish_reason"] == "length"
+            assert "".join(e["choices"][0]["text"] for e in events)
+        # Prompts that do not fit say what the limits are.
+        r = await http.post("/v1/completions", json={"model": MODEL, "prompt": [2] * 9000}, headers=AUTH)
+        assert "9000" in r.json()["error"]["message"] and "8192" in r.json()["error"]["message"]
+        assert (await http.get("/nope")).status_code == 404
+
+
+def test_openapi_fuzz_finds_no_5xx(server: ServerProcess) -> None:
+    import schemathesis
+    from hypothesis import HealthCheck, given, settings
+    from schemathesis import GenerationMode
+
+    doc = httpx.get(server.base_url + "/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    # Keep generation cheap on CPU (few tokens, few choices), and name the served model so
+    # that most positive examples reach the engine instead of stopping at a 404.
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        props = schemas[name]["properties"]
+        props["model"] = {"type": "string", "enum": [MODEL]}
+        props["max_tokens"] = {"type": "integer", "minimum": 1, "maximum": 4}
+        props.pop("max_completion_tokens", None)
+        props["n"] = {"type": "integer", "minimum": 1, "maximum": 2}
+        schemas[name]["required"] = [*schemas[name].get("required", []), "max_tokens"]
+    schema = schemathesis.openapi.from_dict(doc)
+    seen: list[int] = []
+
+    def check(mode: GenerationMode, examples: int) -> None:
+        @settings(max_examples=examples, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(case=schema.as_strategy(generation_mode=mode))
+        def run(case: Any) -> None:
+            response = case.call(base_url=server.base_url, headers=AUTH, timeout=60)
+            seen.append(response.status_code)
+            assert response.status_code < 500, (case.method, case.path, case.body, response.text)
+
+        run()
+
+    check(GenerationMode.POSITIVE, 30)
+    check(GenerationMode.NEGATIVE, 30)
+    assert any(s == 200 for s in seen) and any(400 <= s < 500 for s in seen)
