@@ -14,11 +14,12 @@ half-updated by the other.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -103,16 +104,21 @@ class Engine:
         cfg = self.config
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
-        self._parts = await anyio.to_thread.run_sync(load_engine_parts, cfg)
-        parts = self._parts
         self._waker = LoopWaker()
         self._cpu_stream: CpuStream | None = None
         self._cuda_waiter: CudaEventWaiter | None = None
-        if parts.device.type == "cuda":
-            if cfg.cuda_event_wait == "thread":
-                self._cuda_waiter = CudaEventWaiter(self._waker)
-        else:
+        if cfg.torch_device.type == "cpu":
+            # All heavy torch work on the CPU backend runs on the stream's worker thread,
+            # loading included: a second thread running parallel torch ops keeps its own
+            # OpenMP team, and on a small machine the two teams slow each other (measured
+            # 45 vs 86 ms per decode step on 2 cores).
             self._cpu_stream = CpuStream(self._waker)
+            self._parts = await self._load_on_stream(self._cpu_stream, cfg)
+        else:
+            self._parts = await anyio.to_thread.run_sync(load_engine_parts, cfg)
+        parts = self._parts
+        if parts.device.type == "cuda" and cfg.cuda_event_wait == "thread":
+            self._cuda_waiter = CudaEventWaiter(self._waker)
         self.scheduler = Scheduler(
             parts.pool,
             SchedulerConfig(
@@ -154,6 +160,27 @@ class Engine:
             await self.complete([bos if bos is not None else 0] * 4, SamplingParams(max_tokens=2, temperature=0))
             self._stats.reset()
 
+    @staticmethod
+    async def _load_on_stream(stream: CpuStream, cfg: EngineConfig) -> LoadedEngine:
+        box: dict[str, Any] = {}
+
+        def load() -> None:
+            try:
+                box["parts"] = load_engine_parts(cfg)
+            except BaseException as exc:  # re-raised on the loop, with its own type
+                box["error"] = exc
+
+        stream.submit(load)
+        try:
+            await stream.record("engine.loaded").wait()
+        except BaseException:
+            stream.close()
+            raise
+        if "error" in box:
+            stream.close()
+            raise box["error"]
+        return box["parts"]  # type: ignore[no-any-return]
+
     async def aclose(self) -> None:
         """Stop the scheduler; unfinished requests end with ``finish_reason == "abort"``."""
         if self._closed:
@@ -166,8 +193,15 @@ class Engine:
             self._tg.cancel_scope.cancel()
             await self._tg.__aexit__(None, None, None)
             self._tg = None
+        # The loops are gone; steps still queued on the device finish before the stream
+        # thread exits below. Return every request's KV so the ledger closes.
         if self._cpu_stream is not None:
             self._cpu_stream.close()
+            self._cpu_stream = None
+        if self._parts is not None and self._parts.device.type == "cuda":
+            torch.cuda.synchronize(self._parts.device)
+        if hasattr(self, "scheduler"):
+            self.scheduler.release_all()
         if self._cuda_waiter is not None:
             self._cuda_waiter.close()
         if self._trace is not None:
@@ -218,15 +252,16 @@ class Engine:
         outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason=None) for i in range(params.n)]
         text_parts: list[list[str]] = [[] for _ in range(params.n)]
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(params.n)]
-        async for delta in self._stream(reqs):
-            out = outputs[delta.index]
-            text_parts[delta.index].append(delta.text)
-            out.token_ids.extend(delta.token_ids)
-            if delta.logprobs:
-                logprobs[delta.index].extend(delta.logprobs)
-            if delta.finish_reason is not None:
-                out.finish_reason = delta.finish_reason
-                out.stop_reason = delta.stop_reason
+        async with contextlib.aclosing(self._stream(reqs)) as stream:
+            async for delta in stream:
+                out = outputs[delta.index]
+                text_parts[delta.index].append(delta.text)
+                out.token_ids.extend(delta.token_ids)
+                if delta.logprobs:
+                    logprobs[delta.index].extend(delta.logprobs)
+                if delta.finish_reason is not None:
+                    out.finish_reason = delta.finish_reason
+                    out.stop_reason = delta.stop_reason
         for out, parts, lps in zip(outputs, text_parts, logprobs):
             out.text = "".join(parts)
             out.logprobs = lps if params.logprobs is not None else None
@@ -237,7 +272,7 @@ class Engine:
         if first.finish_time is not None:
             metrics["e2e_s"] = first.finish_time - first.arrival
         return CompletionResult(
-            request_id=first.rid,
+            request_id=first.group_id,
             prompt_token_ids=list(first.prompt_ids),
             outputs=outputs,
             usage=Usage(len(first.prompt_ids), sum(len(o.token_ids) for o in outputs)),
@@ -249,13 +284,18 @@ class Engine:
     ) -> AsyncIterator[Delta]:
         """Stream deltas as tokens are committed.
 
-        Validation happens on the first iteration. Leaving the ``async for`` early, or
-        cancelling the consuming task, aborts the request; its KV is freed once no step in
-        flight still reads it.
+        Validation happens on the first iteration. Cancelling the consuming task, or closing
+        the generator (``async with contextlib.aclosing(engine.generate(...)) as g``, or
+        dropping it after ``break``), aborts the request; its KV is freed once no step in
+        flight still reads it. A plain ``break`` out of ``async for`` leaves the generator
+        to be closed when it is collected; use ``aclosing`` for a deterministic abort.
         """
         reqs = self._make_requests(prompt, params or SamplingParams(), request_id)
-        async for delta in self._stream(reqs):
-            yield delta
+        # aclosing: when our consumer stops early, close the inner generator now, so its
+        # ``finally`` aborts the request at once instead of whenever it is collected.
+        async with contextlib.aclosing(self._stream(reqs)) as stream:
+            async for delta in stream:
+                yield delta
 
     def stats(self) -> EngineStats:
         parts = self._require()
@@ -339,7 +379,8 @@ class Engine:
                 "shorten the prompt or give the engine more KV memory",
                 param="prompt",
             )
-        waiting = len(self.scheduler.waiting)
+        # Count requests submitted but not yet admitted (still in the ingest channel) too.
+        waiting = sum(1 for r in self._live if r.row is None)
         if waiting + params.n > self.config.max_waiting_requests:
             raise EngineOverloadedError(
                 f"{waiting} requests are waiting (limit {self.config.max_waiting_requests}); retry later"
@@ -358,7 +399,10 @@ class Engine:
                     index=i,
                     prompt_ids=ids,
                     params=params,
-                    max_new_tokens=min(params.max_tokens, ctx - len(ids)),
+                    # Clip to the context and to the pool: one request never needs more KV
+                    # than the whole pool holds.
+                    max_new_tokens=min(params.max_tokens, ctx - len(ids), parts.pool.total_tokens - len(ids)),
+                    group_id=rid,
                     seed=seed,
                     stop_ids=frozenset(stop_ids),
                     cell=OutputCell(signal),
@@ -366,7 +410,7 @@ class Engine:
             )
         return reqs
 
-    async def _stream(self, reqs: list[Req]) -> AsyncIterator[Delta]:
+    async def _stream(self, reqs: list[Req]) -> AsyncGenerator[Delta, None]:
         """Submit ``reqs`` and yield their deltas; aborts them if the consumer goes away."""
         tok = self.tokenizer
         self._submit(reqs)
@@ -485,6 +529,8 @@ class Engine:
                         # KV is short while steps are in flight: commit them all, then
                         # plan again with everything settled (retraction needs a drained pipeline).
                         await self._slots.wait_until(0)
+                    elif self.scheduler.stuck:
+                        pass  # end them at the top of the next pass, without waiting
                     else:
                         if self._slots.in_use == 0:
                             self._idle_before_next = True

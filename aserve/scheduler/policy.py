@@ -101,6 +101,16 @@ class Scheduler:
         if req in self.running:
             self.running.remove(req)
 
+    def release_all(self) -> None:
+        """Engine shutdown, after the device stopped: return everything still held."""
+        for req in list(self.running):
+            req.inflight = 0
+            if not req.resources_freed:
+                self._free(req)
+        for req in self.waiting:
+            req.resources_freed = True
+        self.waiting.clear()
+
     def remove_waiting(self, req: Req) -> bool:
         try:
             self.waiting.remove(req)
@@ -154,8 +164,28 @@ class Scheduler:
             seqs.append(chunk)
             budget -= chunk.extend_len
         if not seqs:
+            if not pipeline_busy and self._unstick():
+                return self.schedule(pipeline_busy)
             return Blocked.IDLE
         return Plan(seqs)
+
+    def _unstick(self) -> bool:
+        """Nothing could be planned and nothing is in flight: make progress possible.
+
+        Running requests that can neither decode nor continue their prefill (the pool is
+        full of running requests' KV) would otherwise wait forever. Retract the newest; a
+        lone request that still cannot fit is ended by the engine (``stuck``).
+        Returns True when it changed something worth planning again for.
+        """
+        live = [r for r in self.running if not r.resources_freed and not r.finished and not r.abort_requested]
+        blocked = [r for r in live if r.num_launched_outputs < r.max_new_tokens]
+        if not blocked:
+            return False
+        if len(live) > 1:
+            self._retract(max(live, key=lambda r: r.admitted_seq))
+            return True
+        self.stuck.append(blocked[0])
+        return False
 
     def _plan_decode(self, r: Req) -> SeqPlan:
         assert r.row is not None

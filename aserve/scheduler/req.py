@@ -28,6 +28,7 @@ class Req:
     seed: int
     stop_ids: frozenset[int]  # EOS (unless ignore_eos) + stop_token_ids
     arrival: float = field(default_factory=time.perf_counter)
+    group_id: str = ""  # the caller's request id (rid has a ".i" suffix when n > 1)
 
     # -- committed --
     output_ids: list[int] = field(default_factory=list)

@@ -1,0 +1,41 @@
+"""A single request whose context outgrows the whole KV pool must end ("length"), not hang.
+
+``Scheduler._retract_until_fits`` puts the lone request on ``Scheduler.stuck`` and
+``schedule()`` returns ``Blocked.IDLE``; the planner then sleeps on ``Engine._work`` without
+calling ``_end_stuck`` again, and nothing in flight will ever set ``_work``. The request never
+finishes and its pages are never freed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import aserve
+
+PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny llama: layers * (K, V) * kv heads * head_dim * float32
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_request_larger_than_pool_ends_instead_of_hanging(tiny_llama: tuple[Path, Any], overlap: bool) -> None:
+    path, _ = tiny_llama
+    params = aserve.SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
+
+    async def run() -> tuple[Any, Any]:
+        cfg = aserve.EngineConfig(
+            model=str(path), debug=True, warmup=False, overlap=overlap, page_size=4,
+            kv_cache_bytes=PER_TOKEN * 4 * 10,  # 40 tokens of KV; max_context is 512
+        )  # fmt: skip
+        async with aserve.Engine(cfg) as engine:
+            with anyio.fail_after(10):
+                res = await engine.complete([1, *list(range(3, 12))], params)
+            ledger = engine.ledger()
+        return res, ledger
+
+    res, ledger = anyio.run(run)
+    assert res.finish_reason == "length"
+    assert 0 < len(res.token_ids) <= 31
+    assert ledger.all_free and ledger.balanced
