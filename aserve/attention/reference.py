@@ -16,6 +16,9 @@ import torch.nn.functional as F
 from aserve.attention.metadata import AttentionMetadata
 
 
+_KV_ALIGN = 64
+
+
 @dataclass(frozen=True)
 class PaddedLayout:
     kv_slots: torch.Tensor  # [B, maxKV] int64 cache slot of each key (0 where padded)
@@ -31,7 +34,10 @@ def _base_layout(meta: AttentionMetadata) -> tuple[torch.Tensor, ...]:
     if key in meta.cache:
         return meta.cache[key]  # type: ignore[no-any-return]
     dev = meta.positions.device
-    bsz, max_q, max_kv, total = meta.num_seqs, meta.max_extend, meta.max_seq_len, meta.num_tokens
+    bsz, max_q, total = meta.num_seqs, meta.max_extend, meta.num_tokens
+    # Round the key length up: a mask whose last dim is a multiple of 64 keeps SDPA on its
+    # memory-efficient CUDA kernel (alignment), and far fewer distinct shapes reach it.
+    max_kv = min(-(-meta.max_seq_len // _KV_ALIGN) * _KV_ALIGN, meta.req_to_token.shape[1])
     j = torch.arange(max_q, device=dev)  # [maxQ]
     q_valid = j[None, :] < meta.extend_lens[:, None]  # [B, maxQ]
     starts = torch.cumsum(meta.extend_lens, 0) - meta.extend_lens  # [B] first token of each seq
@@ -93,8 +99,16 @@ def paged_attention(
     kp = k_cache[lay.kv_slots].transpose(1, 2).to(q.dtype)  # [B, Hkv, maxKV, D]
     vp = v_cache[lay.kv_slots].transpose(1, 2).to(q.dtype)  # [B, Hkv, maxKV, D]
     if softcap is None:
+        gqa = num_heads != num_kv_heads
+        if gqa and q.is_cuda:
+            # SDPA's masked CUDA kernels take no grouped-query heads (it would fall back to
+            # the slow math path): repeat the KV heads instead.
+            group = num_heads // num_kv_heads
+            kp = kp[:, :, None].expand(-1, -1, group, -1, -1).reshape(bsz, num_heads, -1, head_dim)
+            vp = vp[:, :, None].expand(-1, -1, group, -1, -1).reshape(bsz, num_heads, -1, head_dim)
+            gqa = False
         out = F.scaled_dot_product_attention(
-            qp, kp, vp, attn_mask=lay.mask, scale=scale, enable_gqa=num_heads != num_kv_heads
+            qp, kp, vp, attn_mask=lay.mask, scale=scale, enable_gqa=gqa
         )  # [B, H, maxQ, D]
     else:
         # SDPA has no logit soft-capping; do the math explicitly.
