@@ -1,0 +1,205 @@
+"""``python -m loadgen run | compare | overlap-ab``: argument parsing and orchestration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+from rich.console import Console
+
+from loadgen import plots, report
+from loadgen.metrics import SLO
+from loadgen.runner import LoadSpec
+from loadgen.session import TargetSpec, WorkloadSpec, build_workload, open_target, run_once, save_run
+
+
+def parse_kv(pairs: Sequence[str] | None) -> dict[str, Any]:
+    """``key=value`` options; values read as JSON when they parse (``2``, ``false``), else text."""
+    out: dict[str, Any] = {}
+    for pair in pairs or ():
+        key, _, raw = pair.partition("=")
+        try:
+            out[key.strip().replace("-", "_")] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key.strip().replace("-", "_")] = raw
+    return out
+
+
+def add_target_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("target")
+    g.add_argument("--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    g.add_argument("--engine", action="store_true", help="run an in-process aserve.Engine instead of HTTP")
+    g.add_argument("--engine-opt", action="append", metavar="KEY=VALUE", help="engine option (repeatable)")
+    g.add_argument("--model", default="gemma-3-270m")
+    g.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or os.environ.get("ASERVE_API_KEY"))
+    g.add_argument("--tokenizer", default=None, help="a .gguf or HF directory (default: the model's)")
+    g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    g.add_argument("--request-timeout", type=float, default=600.0)
+    g.add_argument("--ready-timeout", type=float, default=300.0)
+
+
+def add_workload_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("workload")
+    g.add_argument("--workload", choices=("random", "shared-prefix", "sharegpt", "trace"), default="random")
+    g.add_argument("--num-requests", type=int, default=50)
+    g.add_argument("--input-len", type=int, default=32)
+    g.add_argument("--output-len", type=int, default=16)
+    g.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-r), L(1+r)]")
+    g.add_argument("--groups", type=int, default=4)
+    g.add_argument("--per-group", type=int, default=8)
+    g.add_argument("--system-len", type=int, default=64)
+    g.add_argument("--question-len", type=int, default=16)
+    g.add_argument("--dataset", default=None, help="ShareGPT JSON/JSONL or trace JSONL")
+    g.add_argument("--seed", type=int, default=0)
+
+
+def add_load_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("arrivals")
+    g.add_argument("--rate", type=float, default=math.inf, help="requests/s (default inf: all at once)")
+    g.add_argument("--arrival", choices=("poisson", "constant", "gamma"), default="poisson")
+    g.add_argument("--burstiness", type=float, default=1.0, help="gamma shape (<1 burstier)")
+    g.add_argument("--max-concurrency", type=int, default=None)
+    g.add_argument("--users", type=int, default=None, help="closed loop with this many users")
+    g.add_argument("--think-time", type=float, default=0.0)
+    g.add_argument("--duration", type=float, default=None)
+    g.add_argument("--warmup", type=int, default=0, help="requests sent before, excluded from results")
+    g.add_argument("--run-timeout", type=float, default=None)
+    g.add_argument("--slo", default=None, help="e.g. ttft=500ms,tpot=50ms,e2e=5s")
+
+
+def add_output_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("output")
+    g.add_argument("--out", default="loadgen-results")
+    g.add_argument("--label", default="run")
+    g.add_argument("--no-plots", dest="plots", action="store_false")
+    g.add_argument("--no-progress", dest="progress", action="store_false")
+
+
+def target_spec(a: argparse.Namespace, *, require_target: bool = True) -> TargetSpec:
+    if require_target and not a.engine and not a.base_url:
+        raise SystemExit("give --base-url URL or --engine")
+    return TargetSpec(
+        base_url=None if a.engine else a.base_url,
+        model=a.model,
+        endpoint=a.endpoint,
+        api_key=a.api_key,
+        tokenizer=a.tokenizer,
+        engine_options=parse_kv(a.engine_opt),
+        ignore_eos=a.ignore_eos,
+        request_timeout=a.request_timeout,
+        ready_timeout=a.ready_timeout,
+    )
+
+
+def workload_spec(a: argparse.Namespace) -> WorkloadSpec:
+    return WorkloadSpec(
+        a.workload, a.num_requests, a.input_len, a.output_len, a.range_ratio, a.groups, a.per_group,
+        a.system_len, a.question_len, a.dataset, a.seed,
+    )  # fmt: skip
+
+
+def load_spec(a: argparse.Namespace) -> LoadSpec:
+    return LoadSpec(
+        rate=a.rate, process=a.arrival, burstiness=a.burstiness, max_concurrency=a.max_concurrency, users=a.users,
+        think_time=a.think_time, duration=a.duration, warmup=a.warmup, seed=a.seed, run_timeout=a.run_timeout,
+    )  # fmt: skip
+
+
+async def cmd_run(a: argparse.Namespace) -> int:
+    tspec, wspec, base = target_spec(a), workload_spec(a), load_spec(a)
+    slo = SLO.parse(a.slo)
+    steps: list[tuple[str, float, LoadSpec]] = [("", base.rate, base)]
+    if a.sweep_rates:
+        steps = [(f"_rate{r:g}", r, replace(base, rate=r)) for r in a.sweep_rates]
+    elif a.sweep_concurrency:
+        steps = [(f"_conc{c:g}", c, replace(base, max_concurrency=int(c))) for c in a.sweep_concurrency]
+    out_dir = Path(a.out)
+    console = Console()
+    runs: list[plots.Run] = []
+    points: list[tuple[float, dict[str, Any]]] = []
+    async with open_target(tspec) as (target, tok):
+        await target.wait_ready(tspec.ready_timeout)
+        items = build_workload(wspec, tok)
+        for suffix, value, load in steps:
+            for rep in range(a.repeats):
+                label = f"{a.label}{suffix}" + (f"_rep{rep}" if a.repeats > 1 else "")
+                meta = {
+                    "target": tspec.base_url or "in-process engine",
+                    "endpoint": tspec.endpoint,
+                    "model": tspec.model,
+                    "engine_options": tspec.engine_options,
+                    "ignore_eos": tspec.ignore_eos,
+                    "workload": dict(wspec.__dict__),
+                    "sweep_value": value,
+                    "repeat": rep,
+                }
+                summary, records, warm = await run_once(
+                    target, items, load, slo, label=label, meta=meta, progress=a.progress
+                )
+                save_run(out_dir, label, summary, records, warm, do_plots=a.plots)
+                report.print_table(summary, console)
+                runs.append((label, records, summary))
+                points.append((value, summary))
+    if a.plots and len(runs) > 1:
+        plots.cdfs(runs, out_dir / f"{a.label}_cdf_overlay.png")
+        plots.over_time(runs, out_dir / f"{a.label}_over_time_overlay.png")
+        plots.sweep_tradeoff([(lbl, s) for lbl, _, s in runs], out_dir / f"{a.label}_sweep_tput_vs_p99_tpot.png")
+        plots.goodput_vs_rate(points, out_dir / f"{a.label}_sweep_goodput_vs_rate.png")
+    console.print(f"results in {out_dir}")
+    return 0
+
+
+def _floats(text: str) -> list[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="one run, or a sweep over rates / concurrencies")
+    add_target_args(run)
+    add_workload_args(run)
+    add_load_args(run)
+    add_output_args(run)
+    run.add_argument("--sweep-rates", type=_floats, default=None, help="e.g. 1,2,4,inf")
+    run.add_argument("--sweep-concurrency", type=_floats, default=None, help="e.g. 1,4,16")
+    run.add_argument("--repeats", type=int, default=1)
+
+    cmp_ = sub.add_parser("compare", help="ratios of every metric, B/A, with bootstrap CIs")
+    cmp_.add_argument("groups", nargs="+", help="JSON summaries; join repeated runs of one setting with commas")
+    cmp_.add_argument("--out", default=None, help="write the comparison as JSON here")
+
+    ab = sub.add_parser("overlap-ab", help="overlap on vs off on an identical fixed-schedule workload")
+    add_target_args(ab)
+    add_workload_args(ab)
+    add_load_args(ab)
+    add_output_args(ab)
+    ab.add_argument("--repeats", type=int, default=3)
+    ab.add_argument("--server-arg", action="append", default=[], help="extra `aserve serve` argument (repeatable)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    a = build_parser().parse_args(argv)
+    if a.command == "run":
+        return anyio.run(cmd_run, a)
+    if a.command == "compare":
+        from loadgen.compare import cmd_compare
+
+        return cmd_compare(a.groups, a.out)
+    from loadgen.overlap_ab import cmd_overlap_ab
+
+    return anyio.run(cmd_overlap_ab, a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""loadgen against the real thing on CPU: an `aserve serve` subprocess, and the in-process engine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from loadgen.cli import main
+from tests.server.helpers import API_KEY, ServerProcess
+
+PLOTS = ("cdf", "over_time", "itl_by_position", "timeline")
+SMALL = ["--input-len", "8", "--output-len", "4", "--no-progress", "--slo", "ttft=5,tpot=1"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    proc = ServerProcess(log_path=tmp_path_factory.mktemp("loadgen_server") / "server.log")
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+def check_outputs(out: Path, label: str, n: int) -> dict[str, Any]:
+    summary: dict[str, Any] = json.loads((out / f"{label}.json").read_text())
+    for name in PLOTS:
+        png = out / f"{label}_{name}.png"
+        assert png.stat().st_size > 5000, png
+        assert png.read_bytes()[:4] == b"\x89PNG"
+    lines = (out / f"{label}.jsonl").read_text().splitlines()
+    measured = [json.loads(line) for line in lines if not json.loads(line)["warmup"]]
+    assert len(measured) == n
+    assert len((out / f"{label}.csv").read_text().splitlines()) == len(lines) + 1
+    assert summary["requests"]["completed"] == n and summary["requests"]["failed"] == 0
+    assert summary["run"]["complete"] is True
+    assert summary["tokens"]["output"] == 4 * n  # ignore_eos and a fixed length: exact
+    assert summary["tokens"]["input"] == 8 * n  # prompts built from token ids: exact
+    check = summary["token_check"]
+    assert check["output_len_vs_asked_mismatch"] == [] and check["prompt_len_mismatch"] == []
+    for k in ("ttft", "tpot", "itl", "e2e"):
+        assert summary["latency_s"][k]["p50"] > 0
+    server = summary["server"]
+    assert server["device_busy_s"] > 0 and server["engine_steps"] > 0 and "host_plan_s" in server
+    return summary
+
+
+def test_poisson_run_against_the_server(server: ServerProcess, tmp_path: Path) -> None:
+    argv = ["run", "--base-url", server.base_url, "--api-key", API_KEY, "--num-requests", "50", "--rate", "25"]
+    assert main([*argv, *SMALL, "--warmup", "2", "--out", str(tmp_path), "--label", "srv"]) == 0
+    summary = check_outputs(tmp_path, "srv", 50)
+    assert summary["run"]["warmup_requests"] == 2
+    assert summary["server"]["output_tokens"] == 200  # warm-up happened before the "before" scrape
+
+
+def test_in_process_engine_run(tmp_path: Path) -> None:
+    argv = ["run", "--engine", "--engine-opt", "num_threads=2", "--num-requests", "50", "--rate", "25"]
+    assert main([*argv, *SMALL, "--out", str(tmp_path), "--label", "eng"]) == 0
+    check_outputs(tmp_path, "eng", 50)
+
+
+def test_sweep_and_compare(server: ServerProcess, tmp_path: Path) -> None:
+    argv = ["run", "--base-url", server.base_url, "--api-key", API_KEY, "--num-requests", "8", "--endpoint", "chat"]
+    argv += ["--workload", "shared-prefix", "--groups", "2", "--per-group", "4", "--system-len", "8"]
+    argv += ["--question-len", "4", "--output-len", "4", "--no-progress", "--sweep-rates", "20,inf", "--repeats", "2"]
+    assert main([*argv, "--out", str(tmp_path), "--label", "sw"]) == 0
+    for name in ("cdf_overlay", "over_time_overlay", "sweep_tput_vs_p99_tpot", "sweep_goodput_vs_rate"):
+        assert (tmp_path / f"sw_{name}.png").stat().st_size > 5000
+    a = ",".join(str(tmp_path / f"sw_rate20_rep{k}.json") for k in range(2))
+    b = ",".join(str(tmp_path / f"sw_rateinf_rep{k}.json") for k in range(2))
+    assert main(["compare", a, b, "--out", str(tmp_path / "cmp.json")]) == 0
+    rows = {r["metric"]: r for r in json.loads((tmp_path / "cmp.json").read_text())["rows"]}
+    assert rows["throughput.output_tok_per_s"]["ratios"][0]["ci95"] is not None
+
+
+def test_overlap_ab_in_process(tmp_path: Path) -> None:
+    argv = [
+        "overlap-ab",
+        "--engine",
+        "--engine-opt",
+        "num_threads=2",
+        "--num-requests",
+        "8",
+        "--rate",
+        "inf",
+        "--seed",
+        "1",
+    ]
+    assert main([*argv, *SMALL, "--repeats", "2", "--out", str(tmp_path), "--label", "ab"]) == 0
+    result = json.loads((tmp_path / "ab_overlap_ab.json").read_text())
+    assert len(result["fingerprints"]) == 1  # the identical workload in both modes
+    side = result["server_side_by_side"]
+    assert side["on"]["device_busy_s"] > 0 and side["off"]["device_busy_s"] > 0
+    assert (tmp_path / "ab_overlap_cdf.png").exists()
