@@ -15,7 +15,6 @@ import torch.nn.functional as F
 
 from aserve.attention.metadata import AttentionMetadata
 
-
 _KV_ALIGN = 64
 
 
