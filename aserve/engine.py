@@ -493,7 +493,7 @@ class Engine:
         e2e = None if req.finish_time is None else round(req.finish_time - req.arrival, 6)
         if self._trace is not None and req.finish_time is not None:
             self._trace.request_state(req.rid, f"finished:{req.finish_reason}", req.finish_time)
-        log.debug(
+        log.info(
             "request_end",
             rid=req.rid,
             prompt_tokens=len(req.prompt_ids),

@@ -248,12 +248,12 @@ async def test_many_concurrent_with_cancellations(engine: aserve.Engine) -> None
         cancelled += 1
 
     async with anyio.create_task_group() as tg:
-        for i in range(150):
+        for i in range(200):
             tg.start_soon(complete_one, i)
         for i in range(25):
             tg.start_soon(stream_and_leave, i)
             tg.start_soon(cancel_by_scope, i)
-    assert finished == 150 and cancelled == 50
+    assert finished == 200 and cancelled == 50
     await _wait_all_free(engine)
 
 
