@@ -192,8 +192,23 @@ class ModelRunner:
             "sampling": (params, seeds, steps, prompts, outputs),
         }
 
-    def _entries(self, plan: Plan) -> tuple[StepEntry, ...]:
-        return tuple(StepEntry(s.req, s.generation, s.samples, s.extend_len, s.input_ids is None) for s in plan.seqs)
+    def _step(
+        self, index: int, plan: Plan, begin: DeviceEvent, materialized: DeviceEvent, copied: DeviceEvent,
+        keepalive: list[Any],
+    ) -> Step:  # fmt: skip
+        """The step handle; ``entries`` is the snapshot the committer reads (launch order)."""
+        entries = tuple(StepEntry(s.req, s.generation, s.samples, s.extend_len, s.input_ids is None) for s in plan.seqs)
+        return Step(
+            index=index,
+            entries=entries,
+            num_tokens=plan.num_tokens,
+            num_decodes=plan.num_decodes,
+            forward_begin=begin,
+            materialized=materialized,
+            copied=copied,
+            launch_time=0.0,
+            keepalive=keepalive,
+        )
 
     # -- device side -------------------------------------------------------------
 
@@ -244,16 +259,7 @@ class ModelRunner:
 
         stream.submit(copy_out)
         copied = stream.record(f"step{index}.copied")
-        step = Step(
-            index=index,
-            entries=self._entries(plan),
-            num_tokens=plan.num_tokens,
-            num_decodes=plan.num_decodes,
-            forward_begin=begin,
-            materialized=materialized,
-            copied=copied,
-            launch_time=0.0,
-        )
+        step = self._step(index, plan, begin, materialized, copied, [])
         step._read_outputs = lambda: result["host"]
         return step
 
@@ -287,17 +293,7 @@ class ModelRunner:
                     buf.copy_(t, non_blocking=True)
                     bufs[name] = buf
             copied = cuda_record(self.copy_stream, self.cuda_waiter, f"step{index}.copied")
-        step = Step(
-            index=index,
-            entries=self._entries(plan),
-            num_tokens=plan.num_tokens,
-            num_decodes=plan.num_decodes,
-            forward_begin=begin,
-            materialized=materialized,
-            copied=copied,
-            launch_time=0.0,
-            keepalive=[dev, out],
-        )
+        step = self._step(index, plan, begin, materialized, copied, [dev, out])
         step._read_outputs = lambda: _bufs_to_outputs(bufs)
         return step
 
