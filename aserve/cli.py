@@ -32,6 +32,14 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                 help="run the scheduler serially (pipeline depth 1)",
             )
             continue
+        if f.name == "radix_cache":
+            group.add_argument(
+                "--disable-radix-cache",
+                dest="radix_cache",
+                action="store_false",
+                help="do not reuse the KV of shared prefixes",
+            )
+            continue
         if typ is bool:
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)
             continue

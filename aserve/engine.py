@@ -125,6 +125,8 @@ class Engine:
                 max_num_batched_tokens=cfg.max_num_batched_tokens,
                 max_running_requests=cfg.max_running_requests,
                 max_waiting_requests=cfg.max_waiting_requests,
+                radix_cache=cfg.radix_cache,
+                debug=cfg.debug,
             ),
         )
         self.future_map = FutureMap(parts.pool.rows.num_rows, parts.device, cfg.debug)
@@ -298,16 +300,16 @@ class Engine:
                 yield delta
 
     def stats(self) -> EngineStats:
-        parts = self._require()
-        ledger = parts.pool.ledger()
+        ledger = self.ledger()
         st = self._stats
+        prefix = self.scheduler.prefix
         ps = ledger.page_size
         return EngineStats(
             running=sum(1 for r in self.scheduler.running if not r.finished),
             waiting=len(self.scheduler.waiting),
             kv_total_tokens=ledger.total_pages * ps,
             kv_free_tokens=ledger.free_pages * ps,
-            kv_used_tokens=ledger.used_pages * ps,
+            kv_used_tokens=ledger.in_use_pages * ps,
             kv_ledger_balanced=ledger.balanced,
             rows_total=ledger.total_rows,
             rows_free=ledger.free_rows,
@@ -326,6 +328,11 @@ class Engine:
             host_commit_s=st.commit_s,
             median_device_gap_s=st.median_gap(),
             median_decode_gap_s=st.median_gap(decode_only=True),
+            cache_hit_tokens=prefix.hit_tokens,
+            cache_queried_tokens=prefix.queried_tokens,
+            cached_tokens=prefix.num_cached_pages * ps,
+            cache_evicted_tokens=prefix.tree.num_evicted_pages * ps,
+            prefill_tokens_computed=self.scheduler.prefill_tokens_computed,
         )
 
     def step_records(self) -> list[StepRecord]:
@@ -335,7 +342,15 @@ class Engine:
         self._stats.reset()
 
     def ledger(self) -> Any:
-        return self._require().pool.ledger()
+        """KV accounting: ``free + used == total``; ``cached`` pages (the prefix cache) are
+        part of ``used``; ``all_free`` means no request holds anything."""
+        return self._require().pool.ledger(cached_pages=self.scheduler.prefix.num_cached_pages)
+
+    def flush_cache(self) -> int:
+        """Drop the prefix cache; only when nothing runs. Returns the tokens freed, or -1."""
+        if self.scheduler.running or self.scheduler.waiting:
+            return -1
+        return self.scheduler.prefix.flush() * self.scheduler.pool.page_size
 
     # -- requests ---------------------------------------------------------------
 
@@ -539,6 +554,8 @@ class Engine:
                     t0 = time.perf_counter()
                 plan_s = time.perf_counter() - t0
                 step = self.runner.launch(result, plan_s)
+                if self.config.debug:
+                    self._track_pages(step, result, +1)
                 for seq in result.seqs:
                     seq.req.inflight += 1
                     if self._trace is not None and seq.prefix_len == 0:
@@ -558,11 +575,29 @@ class Engine:
                     self._fail_everything(exc)
                     return
                 t0 = time.perf_counter()
+                if self.config.debug:
+                    self._track_pages(step, None, -1)
                 self.committer.commit(step)
                 commit_s = time.perf_counter() - t0
                 self._record(step, commit_s, t0)
                 self._slots.release()
                 self._work.set()
+
+    def _track_pages(self, step: Step, plan: Plan | None, sign: int) -> None:
+        """Debug: count the KV pages each step in flight reads and writes."""
+        prefix = self.scheduler.prefix
+        if plan is not None:
+            ps = self.scheduler.pool.page_size
+            read = [p for s in plan.seqs for p in s.req.pages]
+            written = [slot // ps for s in plan.seqs for slot in s.slots]
+            step.debug_pages = (read, written)
+        read, written = step.debug_pages
+        if sign > 0:
+            prefix.inflight_read.update(read)
+            prefix.inflight_written.update(written)
+        else:
+            prefix.inflight_read.subtract(read)
+            prefix.inflight_written.subtract(written)
 
     def _end_stuck(self) -> None:
         while self.scheduler.stuck:

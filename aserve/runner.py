@@ -40,6 +40,7 @@ class StepEntry:
     samples: bool
     num_new_tokens: int
     is_decode: bool
+    kv_end: int  # positions [0, kv_end) hold KV once this step is committed
 
 
 @dataclass
@@ -63,6 +64,7 @@ class Step:
     plan_s: float = 0.0
     launch_s: float = 0.0
     outputs: StepOutputs | None = None
+    debug_pages: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))  # (read, written), debug
     # Device tensors and host buffers that must outlive the device's use of them.
     keepalive: list[Any] = field(default_factory=list)
     _read_outputs: Callable[[], StepOutputs] | None = None
@@ -129,6 +131,7 @@ class ModelRunner:
         slots: list[int] = []
         table_rows: list[int] = []
         table_cols: list[int] = []
+        table_slots: list[int] = []
         input_ids: list[int] = []
         decode_token_idx: list[int] = []
         decode_rows: list[int] = []
@@ -142,8 +145,12 @@ class ModelRunner:
             prefix.append(s.prefix_len)
             extend.append(s.extend_len)
             slots.extend(s.slots)
-            table_rows.extend([s.row] * s.extend_len)
+            # Cached prefix slots (first step after a cache hit) and the new tokens' slots.
+            table_rows.extend([s.row] * (len(s.prefix_slots) + s.extend_len))
+            table_cols.extend(range(len(s.prefix_slots)))
             table_cols.extend(range(s.prefix_len, s.prefix_len + s.extend_len))
+            table_slots.extend(s.prefix_slots)
+            table_slots.extend(s.slots)
             if s.input_ids is None:
                 decode_token_idx.append(len(input_ids))
                 decode_rows.append(s.row)
@@ -177,6 +184,7 @@ class ModelRunner:
             "slots": torch.tensor(slots, dtype=i64),
             "table_rows": torch.tensor(table_rows, dtype=i64),
             "table_cols": torch.tensor(table_cols, dtype=i64),
+            "table_slots": torch.tensor(table_slots, dtype=i64),
             "input_ids": torch.tensor(input_ids, dtype=i64),
             "positions": torch.tensor(positions, dtype=i64),
             "logits_idx": torch.tensor(logits_idx, dtype=i64),
@@ -197,7 +205,10 @@ class ModelRunner:
         keepalive: list[Any],
     ) -> Step:  # fmt: skip
         """The step handle; ``entries`` is the snapshot the committer reads (launch order)."""
-        entries = tuple(StepEntry(s.req, s.generation, s.samples, s.extend_len, s.input_ids is None) for s in plan.seqs)
+        entries = tuple(
+            StepEntry(s.req, s.generation, s.samples, s.extend_len, s.input_ids is None, s.prefix_len + s.extend_len)
+            for s in plan.seqs
+        )
         return Step(
             index=index,
             entries=entries,
@@ -215,7 +226,7 @@ class ModelRunner:
     def _device_work(self, dev: dict[str, Any]) -> SampleOutput:
         """Everything between 'inputs on the device' and 'tokens in the FutureMap'."""
         table = self.pool.table_device
-        table[dev["table_rows"], dev["table_cols"]] = dev["slots"]
+        table[dev["table_rows"], dev["table_cols"]] = dev["table_slots"]
         input_ids = dev["input_ids"]
         gathered = None
         if dev["decode_rows"].numel() > 0:

@@ -55,6 +55,15 @@ class EngineStats:
     host_commit_s: float
     median_device_gap_s: float | None
     median_decode_gap_s: float | None
+    cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache
+    cache_queried_tokens: int = 0  # prompt tokens of admitted requests (hit rate denominator)
+    cached_tokens: int = 0  # tokens held by the prefix cache now
+    cache_evicted_tokens: int = 0
+    prefill_tokens_computed: int = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cache_hit_tokens / self.cache_queried_tokens if self.cache_queried_tokens else 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -22,14 +22,20 @@ class LedgerView:
     page_size: int
     total_rows: int
     free_rows: int
+    cached_pages: int = 0  # held by the prefix cache (counted in used_pages)
 
     @property
     def balanced(self) -> bool:
-        return self.free_pages + self.used_pages == self.total_pages
+        return self.free_pages + self.used_pages == self.total_pages and self.cached_pages <= self.used_pages
+
+    @property
+    def in_use_pages(self) -> int:
+        return self.used_pages - self.cached_pages
 
     @property
     def all_free(self) -> bool:
-        return self.free_pages == self.total_pages and self.free_rows == self.total_rows
+        """No request holds KV or a row: free + cached == total."""
+        return self.free_pages + self.cached_pages == self.total_pages and self.free_rows == self.total_rows
 
 
 class ReqRowPool:
@@ -169,8 +175,9 @@ class KVPool:
         self.pages.free(page_list)
         page_list.clear()
 
-    def ledger(self) -> LedgerView:
+    def ledger(self, cached_pages: int = 0) -> LedgerView:
         return LedgerView(
+            cached_pages=cached_pages,
             total_pages=self.pages.num_pages,
             free_pages=self.pages.num_free,
             used_pages=self.pages.num_used,

@@ -43,6 +43,9 @@ class Committer:
             req = entry.req
             req.inflight -= 1
             assert req.inflight >= 0, f"{req.rid}: more commits than launches"
+            if not entry.is_decode and not req.finished:
+                # A prefill chunk's KV is written now: publish it for other requests.
+                self.scheduler.prefix.publish(req, entry.kv_end)
             if entry.samples:
                 if req.finished:
                     self.num_dropped_overshoot += 1

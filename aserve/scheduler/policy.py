@@ -9,10 +9,11 @@ token budget per step.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from aserve.kv.pool import KVPool
+from aserve.scheduler.prefix import PrefixCache
 from aserve.scheduler.req import Req
 
 
@@ -21,6 +22,8 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048
     max_running_requests: int = 64
     max_waiting_requests: int = 4096
+    radix_cache: bool = True
+    debug: bool = False
 
 
 @dataclass
@@ -35,6 +38,7 @@ class SeqPlan:
     samples: bool  # the sampled token is an output (last prefill chunk, or a decode)
     output_index: int  # index of the output token this step samples (seeded sampling step)
     pending_output: bool  # the decode input is an output not yet committed (overlap look-ahead)
+    prefix_slots: list[int] = field(default_factory=list)  # cached prefix slots for positions [0, len)
 
 
 @dataclass
@@ -67,6 +71,8 @@ class Scheduler:
         self.num_retractions = 0
         # Requests that cannot fit the pool even alone; the engine ends them ("length").
         self.stuck: list[Req] = []
+        self.prefix = PrefixCache(pool, config.radix_cache, config.debug)
+        self.prefill_tokens_computed = 0
 
     # -- intake and release -------------------------------------------------
 
@@ -92,9 +98,9 @@ class Scheduler:
         self._free(req)
         return True
 
-    def _free(self, req: Req) -> None:
+    def _free(self, req: Req, publish: bool = True) -> None:
         if req.row is not None:
-            self.pool.release(req.pages)
+            self.prefix.release(req, publish=publish)
             self.pool.rows.free(req.row)
             req.row = None
         req.resources_freed = True
@@ -106,10 +112,11 @@ class Scheduler:
         for req in list(self.running):
             req.inflight = 0
             if not req.resources_freed:
-                self._free(req)
+                self._free(req, publish=False)
         for req in self.waiting:
             req.resources_freed = True
         self.waiting.clear()
+        self.prefix.flush()
 
     def remove_waiting(self, req: Req) -> bool:
         try:
@@ -133,6 +140,8 @@ class Scheduler:
         ]
         decodes = decodes[:budget]
         need = sum(self.pool.pages_needed(len(r.pages), r.num_computed + 1) for r in decodes)
+        if need > self.pool.pages.num_free:
+            self.prefix.make_room(need)  # cached, unused prefixes go before anyone is retracted
         if need > self.pool.pages.num_free:
             if pipeline_busy:
                 return Blocked.DRAIN
@@ -214,11 +223,17 @@ class Scheduler:
         assert row is not None
         req.row = row
         req.generation = self.pool.rows.generation[row]
+        prefix_slots = self.prefix.match_on_admit(req)
         chunk = self._plan_prefill_chunk(req, budget, reserve_pages)
         if chunk is None:
+            self.prefix.release(req, publish=False)
+            req.num_computed = 0
             self.pool.rows.free(row)
             req.row = None
             return None
+        chunk.prefix_slots = prefix_slots
+        self.prefix.hit_tokens += len(prefix_slots)
+        self.prefix.queried_tokens += len(req.fill_ids)
         req.admitted_seq = self._admitted
         self._admitted += 1
         self.running.append(req)
@@ -229,6 +244,8 @@ class Scheduler:
         start = r.num_computed
         n = min(len(r.fill_ids) - start, budget)
         need = self.pool.pages_needed(len(r.pages), start + n)
+        if need + reserve_pages > self.pool.pages.num_free:
+            self.prefix.make_room(need + reserve_pages)
         if need + reserve_pages > self.pool.pages.num_free:
             # Shrink the chunk to what fits (chunked prefill makes progress anyway).
             fit_pages = self.pool.pages.num_free - reserve_pages
@@ -254,6 +271,7 @@ class Scheduler:
             pending_output=False,
         )
         r.num_computed += n
+        self.prefill_tokens_computed += n
         if last:
             r.num_launched_outputs += 1
         return plan
@@ -284,7 +302,9 @@ class Scheduler:
     def _retract(self, req: Req) -> None:
         assert req.inflight == 0, f"retracting {req.rid} while a step still reads it"
         assert req.row is not None
-        self.pool.release(req.pages)
+        # The pipeline is drained: everything computed is committed and may be published,
+        # so the recompute after re-admission hits the cache.
+        self.prefix.release(req, publish=True)
         self.pool.rows.free(req.row)
         req.row = None
         self.running.remove(req)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from aserve.outputs import FinishReason, OutputCell, TokenLogprob
 from aserve.sampling_params import SamplingParams
@@ -51,6 +52,7 @@ class Req:
     abort_requested: bool = False
     num_retractions: int = 0
     resources_freed: bool = False
+    cache_node: Any = None  # deepest radix node this request holds locked (prefix cache)
 
     @property
     def finished(self) -> bool:

@@ -140,7 +140,7 @@ class RequestContext:
 
         with structlog.contextvars.bound_contextvars(request_id=rid):
             try:
-                if path.startswith("/v1/") and not self._authorized(Headers(scope=scope)):
+                if path.startswith(("/v1/", "/admin/")) and not self._authorized(Headers(scope=scope)):
                     resp = error_response(401, "invalid or missing API key", "authentication_error")
                     resp.headers["WWW-Authenticate"] = "Bearer"
                     await resp(scope, receive, send_with_id)

@@ -39,6 +39,11 @@ class _EngineCollector(Collector):
                 st.kv_used_tokens / st.kv_total_tokens if st.kv_total_tokens else 0.0,
             ),
             "aserve_pipeline_in_use": ("Scheduler pipeline slots in use", st.pipeline_in_use),
+            "aserve_prefix_cached_tokens": ("Tokens held by the prefix cache", st.cached_tokens),
+            "aserve_prefix_cache_hit_rate": (
+                "Prompt tokens served from the prefix cache / admitted",
+                st.cache_hit_rate,
+            ),
         }
         for name, (doc, value) in gauges.items():
             yield GaugeMetricFamily(name, doc, value=value)
@@ -50,6 +55,10 @@ class _EngineCollector(Collector):
             "aserve_host_commit_seconds": ("Host time committing step results", st.host_commit_s),
             "aserve_engine_steps": ("Scheduler steps run", st.num_steps),
             "aserve_engine_retractions": ("Requests retracted for lack of KV", st.num_retractions),
+            "aserve_prefix_cache_hit_tokens": ("Prompt tokens served from the prefix cache", st.cache_hit_tokens),
+            "aserve_prefix_cache_queried_tokens": ("Prompt tokens of admitted requests", st.cache_queried_tokens),
+            "aserve_prefix_cache_evicted_tokens": ("Tokens evicted from the prefix cache", st.cache_evicted_tokens),
+            "aserve_prefill_computed_tokens": ("Prompt tokens actually computed", st.prefill_tokens_computed),
         }
         for name, (doc, value) in counters.items():
             yield CounterMetricFamily(name, doc, value=value)

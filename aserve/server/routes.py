@@ -259,6 +259,17 @@ async def metrics(request: Request) -> Response:
     return Response(_server(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
+async def flush_cache(request: Request) -> Response:
+    """Drop the prefix cache; 409 while requests are running or waiting."""
+    server = _server(request)
+    if not server.ready or server.engine is None:
+        raise APIError(503, "the engine is not ready", "engine_closed")
+    freed = server.engine.flush_cache()
+    if freed < 0:
+        raise APIError(409, "requests are running; flush the cache when the server is idle", "conflict")
+    return JSONResponse({"flushed_tokens": freed})
+
+
 async def openapi(request: Request) -> Response:
     server = _server(request)
     doc = openapi_document("aserve", __version__, bearer_auth=server.settings.api_key is not None)
@@ -273,4 +284,5 @@ def routes() -> list[Route]:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
+        Route("/admin/flush_cache", flush_cache, methods=["POST"]),
     ]

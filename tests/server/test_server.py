@@ -255,3 +255,16 @@ def test_openapi_fuzz_finds_no_5xx(server: ServerProcess) -> None:
     check(GenerationMode.POSITIVE, 30)
     check(GenerationMode.NEGATIVE, 30)
     assert any(s == 200 for s in seen) and any(400 <= s < 500 for s in seen)
+
+
+def test_prefix_cache_metrics_and_admin_flush(server: ServerProcess, client: openai.OpenAI) -> None:
+    prompt = "You are a helpful assistant. Answer briefly and precisely. " * 3 + "What is two plus two?"
+    for _ in range(2):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    text = httpx.get(server.base_url + "/metrics").text
+    assert metric(text, "aserve_prefix_cache_hit_tokens_total") > 0
+    assert metric(text, "aserve_prefix_cached_tokens") > 0
+    assert httpx.post(server.base_url + "/admin/flush_cache").status_code == 401
+    r = httpx.post(server.base_url + "/admin/flush_cache", headers=AUTH)
+    assert r.status_code == 200 and r.json()["flushed_tokens"] > 0
+    assert metric(httpx.get(server.base_url + "/metrics").text, "aserve_prefix_cached_tokens") == 0
