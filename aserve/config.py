@@ -21,6 +21,7 @@ class EngineConfig:
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: float32 on CPU, bfloat16 on GPU
     overlap: bool = True  # pipeline depth 2; False runs the same code at depth 1
     radix_cache: bool = True  # reuse the KV of shared prefixes (--disable-radix-cache)
+    schedule_policy: Literal["fcfs", "lpm"] = "fcfs"  # lpm: longest cached prefix first (long queues)
     page_size: int = 16
     kv_cache_bytes: int | None = None  # KV budget in bytes; None derives it from mem_fraction
     mem_fraction: float = 0.5  # of free device memory (CUDA) for KV when kv_cache_bytes is None

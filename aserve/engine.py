@@ -127,6 +127,7 @@ class Engine:
                 max_waiting_requests=cfg.max_waiting_requests,
                 radix_cache=cfg.radix_cache,
                 debug=cfg.debug,
+                schedule_policy=cfg.schedule_policy,
             ),
         )
         self.future_map = FutureMap(parts.pool.rows.num_rows, parts.device, cfg.debug)

@@ -72,6 +72,20 @@ class RadixCache:
             i += n
         return MatchResult(pages, node)
 
+    def match_len(self, tokens: Sequence[int]) -> int:
+        """Tokens of the longest cached page-aligned prefix; changes nothing (no split, no LRU)."""
+        node, chunks, i = self.root, self._chunks(tokens), 0
+        while i < len(chunks):
+            child = node.children.get(chunks[i])
+            if child is None:
+                break
+            n = self._common_pages(child, chunks, i)
+            i += n
+            if n < len(child.pages):
+                break
+            node = child
+        return i * self.page_size
+
     def _common_pages(self, child: Node, chunks: list[tuple[int, ...]], start: int) -> int:
         ps = self.page_size
         n = 0

@@ -24,6 +24,12 @@ class SchedulerConfig:
     max_waiting_requests: int = 4096
     radix_cache: bool = True
     debug: bool = False
+    # "fcfs": arrival order. "lpm": longest cached prefix first when the queue is long, so
+    # requests that share a prefix run while it is cached; a request passed over
+    # ``lpm_max_skips`` times goes first (no starvation).
+    schedule_policy: str = "fcfs"
+    lpm_min_queue: int = 4
+    lpm_max_skips: int = 8
 
 
 @dataclass
@@ -160,6 +166,7 @@ class Scheduler:
                 break
             seqs.append(chunk)
             budget -= chunk.extend_len
+        order_before = self._order_waiting()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
             req = self.waiting[0]
             if self.pool.rows.num_free == 0:
@@ -172,6 +179,8 @@ class Scheduler:
             self.waiting.popleft()
             seqs.append(chunk)
             budget -= chunk.extend_len
+        if order_before is not None:
+            self._count_skips(order_before)
         if not seqs:
             if not pipeline_busy and self._unstick():
                 return self.schedule(pipeline_busy)
@@ -195,6 +204,32 @@ class Scheduler:
             return True
         self.stuck.append(blocked[0])
         return False
+
+    def _order_waiting(self) -> list[Req] | None:
+        """Longest-prefix-match order (policy "lpm"); returns the arrival order it replaced."""
+        cfg = self.config
+        if cfg.schedule_policy != "lpm" or not self.prefix.enabled or len(self.waiting) < cfg.lpm_min_queue:
+            return None
+        before = list(self.waiting)
+        rank = {id(r): i for i, r in enumerate(before)}
+        tree = self.prefix.tree
+
+        def key(r: Req) -> tuple[int, int, int]:
+            starved = r.lpm_skips >= cfg.lpm_max_skips
+            return (0 if starved else 1, 0 if starved else -tree.match_len(r.fill_ids), rank[id(r)])
+
+        self.waiting = deque(sorted(before, key=key))
+        return before
+
+    def _count_skips(self, before: list[Req]) -> None:
+        """A waiting request was skipped when someone who arrived after it was admitted."""
+        admitted = [i for i, r in enumerate(before) if r.row is not None]
+        if not admitted:
+            return
+        latest = max(admitted)
+        for r in before[:latest]:
+            if r.row is None and not r.finished:
+                r.lpm_skips += 1
 
     def _plan_decode(self, r: Req) -> SeqPlan:
         assert r.row is not None

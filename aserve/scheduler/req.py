@@ -52,6 +52,7 @@ class Req:
     abort_requested: bool = False
     num_retractions: int = 0
     resources_freed: bool = False
+    lpm_skips: int = 0  # times a later arrival was admitted first (longest-prefix-first policy)
     cache_node: Any = None  # deepest radix node this request holds locked (prefix cache)
 
     @property
