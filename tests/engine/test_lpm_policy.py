@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import torch
 
 import aserve
@@ -30,7 +31,7 @@ def test_cached_prefix_requests_go_first(tiny_llama: tuple[Path, Any]) -> None:
         async with aserve.Engine(
             model=str(tiny_llama[0]), page_size=4, warmup=False, max_running_requests=1, schedule_policy=policy
         ) as engine:
-            await engine.complete(shared + [7], params)  # caches the shared prefix
+            await engine.complete([*shared, 7], params)  # caches the shared prefix
             blocker = [1] + [5] * 40  # occupies the single running slot while the queue fills
 
             async def one(name: str, prompt: list[int]) -> None:
@@ -42,7 +43,7 @@ def test_cached_prefix_requests_go_first(tiny_llama: tuple[Path, Any]) -> None:
                 await anyio.sleep(0.02)  # the blocker is admitted and decoding
                 for name, prompt in arrivals:
                     tg.start_soon(one, name, prompt)
-                    await anyio.sleep(0)  # keep arrival order
+                    await anyio.lowlevel.checkpoint()  # keep arrival order
         return done
 
     assert anyio.run(run, "fcfs") == ["b0", "b1", "a0", "b2", "a1", "b3"]
