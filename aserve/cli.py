@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import types
 from collections.abc import Sequence
@@ -150,7 +151,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_serve_subcommand(sub)
 
     args = parser.parse_args(argv)
-    configure_logging(getattr(args, "log_format", "console"))
+    # Terminal commands print their own output; per-request log lines would interleave with it.
+    quiet = args.command in ("generate", "info", "verify")
+    configure_logging(getattr(args, "log_format", "console"), logging.WARNING if quiet else logging.INFO)
     try:
         if args.command == "generate":
             return anyio.run(_generate, args)
