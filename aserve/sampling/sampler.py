@@ -43,6 +43,7 @@ different steps/seeds behave as independent.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -299,7 +300,9 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
         k_on = top_k > 0  # [B]
         k_eff = torch.where(k_on, top_k.clamp(max=vocab), vocab)  # [B] in [1, V]
 
-        if batch.any_top_p or (batch.any_top_k and batch.max_top_k <= 0):
+        if batch.any_top_p and device.type == "cpu" and _CPU_NUCLEUS:
+            sampled = _sample_nucleus_cpu(scaled, batch, k_eff, keys, token_hash)
+        elif batch.any_top_p or (batch.any_top_k and batch.max_top_k <= 0):
             sampled = _sample_sorted(scaled, batch, k_eff, keys, token_hash)
         else:
             keep: Tensor | None = None
@@ -353,6 +356,51 @@ def _sample_sorted(scaled: Tensor, batch: SamplingBatch, k_eff: Tensor, keys: Te
         keep &= min_keep
     winner = _race(sorted_l, keep, token_hash[sorted_idx], keys)  # [B] sorted positions
     return sorted_idx.gather(1, winner[:, None]).squeeze(1)
+
+
+_CPU_CANDIDATES = 1024
+_CPU_NUCLEUS = True  # the CPU top-p shortcut below (it host-syncs, which costs nothing on a CPU)
+
+
+def _sample_nucleus_cpu(
+    scaled: Tensor, batch: SamplingBatch, k_eff: Tensor, keys: Tensor, token_hash: Tensor
+) -> Tensor:
+    """CPU top-p without sorting the whole vocabulary (a full sort of [B, 262144] costs far
+    more than the model's step there).
+
+    Each row's nucleus is found among its ``_CPU_CANDIDATES`` most likely tokens; the
+    normaliser still covers the whole (top-k-masked) row, and noise is looked up by vocab
+    index, so a row whose nucleus fits gets the full path's draw. Rows whose nucleus does
+    not fit (flat distributions) take the full sort. The choice depends on the row alone,
+    so results stay independent of the batch. The CPU may host-sync freely.
+    """
+    vocab = scaled.shape[1]
+    k = min(_CPU_CANDIDATES, vocab)
+    vals, idx = scaled.topk(k, dim=-1, sorted=True)  # [B, K]
+    keep = torch.arange(k)[None, :] < k_eff[:, None]  # [B, K]
+    masked = vals.masked_fill(~keep, float("-inf"))
+    # Softmax normaliser after top-k: over the candidates when top-k lies inside them.
+    lse = torch.where(k_eff <= k, torch.logsumexp(masked, dim=-1), torch.logsumexp(scaled, dim=-1))  # [B]
+    probs = torch.exp(masked - lse[:, None])  # [B, K]
+    cum = probs.cumsum(dim=-1)
+    p_on = batch.top_p < 1.0
+    keep &= ~p_on[:, None] | ((cum - probs) < batch.top_p[:, None])
+    if batch.any_min_p:
+        keep &= vals >= vals[:, :1] + torch.log(batch.min_p)[:, None]
+    # The kept set ends inside the candidates when their mass reaches top_p (or top-k <= K).
+    fits = torch.where(p_on, cum[:, -1] >= batch.top_p, k_eff <= k)  # [B]
+    winner = _race(vals, keep, token_hash[idx], keys)  # [B] candidate positions
+    tokens = idx.gather(1, winner[:, None]).squeeze(1)
+    if bool(fits.all()):
+        return tokens
+    rows = (~fits).nonzero().squeeze(1)
+    sub = dataclasses.replace(
+        batch,
+        **{f.name: getattr(batch, f.name)[rows] for f in dataclasses.fields(batch)
+           if isinstance(getattr(batch, f.name), Tensor)},
+    )  # fmt: skip
+    tokens[rows] = _sample_sorted(scaled[rows], sub, k_eff[rows], keys[rows], token_hash)
+    return tokens
 
 
 # --------------------------------------------------------------------------------------

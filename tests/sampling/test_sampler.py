@@ -360,7 +360,9 @@ def _all_paths_batches(vocab: int) -> list[tuple[torch.Tensor, SamplingBatch]]:
     return out
 
 
-def test_no_host_sync_on_cpu() -> None:
+def test_no_host_sync_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The device paths (what CUDA runs); the CPU-only top-p shortcut syncs on purpose.
+    monkeypatch.setattr(sampler_mod, "_CPU_NUCLEUS", False)
     with _NoHostSync():  # type: ignore[no-untyped-call]
         # Sanity: the guard really trips on .item().
         with pytest.raises(AssertionError, match="host sync"):
@@ -468,3 +470,28 @@ def _benchmark() -> None:
 if __name__ == "__main__":
     # Benchmark: `python -m tests.sampling.test_sampler`.
     _benchmark()
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 5.0])
+def test_cpu_nucleus_shortcut_equals_full_sort(monkeypatch: pytest.MonkeyPatch, temperature: float) -> None:
+    """The CPU top-p shortcut draws the same tokens as the full sort, peaked rows (nucleus
+    among the candidates) and flat rows (fallback to the sort) alike, mixed in one batch."""
+    g = torch.Generator().manual_seed(int(temperature * 10))
+    vocab, rows = 5000, 48
+    logits = torch.randn(rows, vocab, generator=g) * torch.linspace(0.1, 12.0, rows)[:, None]
+
+    class P:
+        def __init__(self, top_p: float, top_k: int, min_p: float) -> None:
+            self.temperature, self.top_p, self.top_k, self.min_p = temperature, top_p, top_k, min_p
+            self.repetition_penalty, self.frequency_penalty, self.presence_penalty = 1.0, 0.0, 0.0
+            self.logprobs = None
+
+    params = [
+        P([0.5, 0.9, 0.99, 1.0][i % 4], [0, 0, 40, 3000][i % 4 if i % 3 else 0], [0.0, 0.05][i % 2])
+        for i in range(rows)
+    ]
+    batch = make_sampling_batch(params, list(range(rows)), [7] * rows, [[1]] * rows, [[]] * rows, "cpu")
+    fast = sample(logits, batch).token_ids
+    monkeypatch.setattr(sampler_mod, "_CPU_NUCLEUS", False)
+    full = sample(logits, batch).token_ids
+    assert torch.equal(fast, full)
