@@ -21,6 +21,9 @@ class EngineConfig:
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: float32 on CPU, bfloat16 on GPU
     overlap: bool = True  # pipeline depth 2; False runs the same code at depth 1
     radix_cache: bool = True  # reuse the KV of shared prefixes (--disable-radix-cache)
+    # "torch": the reference path (padded SDPA). "triton": aserve/attention/triton_paged.py
+    # (checked against the reference; not yet the default until measured on the GPU).
+    attention_backend: Literal["torch", "triton"] = "torch"
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"  # lpm: longest cached prefix first (long queues)
     page_size: int = 16
     kv_cache_bytes: int | None = None  # KV budget in bytes; None derives it from mem_fraction

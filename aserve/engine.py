@@ -132,7 +132,13 @@ class Engine:
         )
         self.future_map = FutureMap(parts.pool.rows.num_rows, parts.device, cfg.debug)
         self.runner = ModelRunner(
-            parts.model, parts.pool, parts.device, self.future_map, self._cpu_stream, self._cuda_waiter
+            parts.model,
+            parts.pool,
+            parts.device,
+            self.future_map,
+            self._cpu_stream,
+            self._cuda_waiter,
+            cfg.attention_backend,
         )
         self.committer = Committer(self.scheduler, parts.tokenizer, self._on_finish)
         self._slots = PipelineSlots(cfg.pipeline_depth)

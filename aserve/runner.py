@@ -87,7 +87,9 @@ class ModelRunner:
         future_map: FutureMap,
         cpu_stream: CpuStream | None,
         cuda_waiter: CudaEventWaiter | None,
+        attention_backend: str = "torch",
     ) -> None:
+        self.attention_backend = attention_backend
         self.model = model
         self.pool = pool
         self.device = device
@@ -243,6 +245,7 @@ class ModelRunner:
             logits_indices=dev["logits_idx"],
             prefix_lens_cpu=dev["prefix_cpu"],
             extend_lens_cpu=dev["extend_cpu"],
+            backend=self.attention_backend,
         )
         with torch.inference_mode():
             logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B, V]

@@ -1,9 +1,16 @@
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+
+if not torch.cuda.is_available():
+    # Triton kernels run in Triton's interpreter on a CPU; this must be set before any
+    # kernel is defined (aserve.attention.triton_paged is imported lazily).
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ class AttentionMetadata:
     # Per-forward derived tensors (padded indices, masks) that attention backends build once
     # and reuse across layers; keyed by the backend's own keys (e.g. the sliding window).
     cache: dict[Any, Any] = field(default_factory=dict)
+    backend: str = "torch"  # "torch" (reference) or "triton" (aserve/attention/triton_paged.py)
 
     @property
     def num_seqs(self) -> int:

@@ -148,7 +148,12 @@ class PagedSelfAttention(nn.Module):
         cos, sin = cos_sin
         q = apply_rotary(q, cos, sin)
         k = apply_rotary(k, cos, sin)
-        out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)  # [T, H, D]
+        if meta.backend == "triton" and self.softcap is None:
+            from aserve.attention.triton_paged import paged_attention_triton
+
+            out = paged_attention_triton(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window)  # [T, H, D]
+        else:
+            out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 

@@ -65,3 +65,12 @@ def test_alone(model: str, overlap: bool, request: pytest.FixtureRequest) -> Non
 def test_batched_mixed_lengths(model: str, overlap: bool, chunk: int, request: pytest.FixtureRequest) -> None:
     fx = request.getfixturevalue(model)
     _check(fx, _prompts(384, 10, seed=2), overlap=overlap, max_num_batched_tokens=chunk)
+
+
+@pytest.mark.parametrize("model", ["tiny_gemma", "tiny_llama"])
+def test_triton_attention_backend(model: str, request: pytest.FixtureRequest) -> None:
+    """The Triton kernels (interpreted on a CPU) in the whole engine: chunked prefills,
+    mixed batches and decodes still match transformers."""
+    pytest.importorskip("triton")
+    fx = request.getfixturevalue(model)
+    _check(fx, _prompts(384, 4, seed=3), overlap=True, max_num_batched_tokens=16, attention_backend="triton")

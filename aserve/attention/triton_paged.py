@@ -1,0 +1,194 @@
+"""Paged attention in Triton: a split-K decode kernel and a variable-length extend kernel.
+
+Both read keys and values straight from the paged cache through the request-to-token
+table (no padded gather), handle grouped-query attention (one program serves a whole group
+of query heads that share a KV head) and Gemma 3's sliding window. The new tokens' K/V are
+written into the cache first, exactly as in the reference path, so every key is read from
+the cache.
+
+* decode (every sequence adds one token): grid (batch, KV heads, splits); each program
+  runs an online softmax over one split of the context and writes a partial output and its
+  log-sum-exp; the splits are merged with a few tensor ops. Splitting along the context
+  keeps the GPU busy when the batch is small and contexts are long.
+* extend (prefills, chunked prefills, mixed batches): grid (sequences, query heads, query
+  blocks); causal against prefix + the block's own tokens.
+
+Written here; checked against the torch reference (``aserve/attention/reference.py``) on
+random shapes, on the GPU and on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
+Selected with ``EngineConfig(attention_backend="triton")``; soft-capped attention stays on
+the reference path.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from aserve.attention.metadata import AttentionMetadata
+
+_NEG = -1.0e30  # finite "minus infinity": a fully masked row stays NaN-free
+
+
+@triton.jit
+def _decode_split_kernel(
+    Q, K, V, Table, Rows, SeqLens, MidO, MidLse,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tr,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+    scale, window, split_len,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(SeqLens + b)
+    row = tl.load(Rows + b).to(tl.int64)
+    start = split * split_len
+    end = tl.minimum(start + split_len, seq_len)
+    if HAS_WINDOW:
+        start = tl.maximum(start, seq_len - window)  # keys with pos > q_pos - window, q_pos = seq_len - 1
+    g = tl.arange(0, BLOCK_G)
+    heads = kvh * GROUP + g
+    g_mask = g < GROUP
+    d = tl.arange(0, D)
+    q = tl.load(Q + b * stride_qt + heads[:, None] * stride_qh + d[None, :], mask=g_mask[:, None], other=0.0)
+    m_i = tl.full([BLOCK_G], _NEG, tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    for n in range(start, end, BLOCK_N):
+        offs = n + tl.arange(0, BLOCK_N)
+        k_mask = offs < end
+        slots = tl.load(Table + row * stride_tr + offs, mask=k_mask, other=0).to(tl.int64)
+        k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=k_mask[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(k_mask[None, :], s, _NEG)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=k_mask[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    empty = l_i == 0.0
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, _NEG, m_i + tl.log(tl.where(empty, 1.0, l_i)))
+    o_ptrs = MidO + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + d[None, :]
+    tl.store(o_ptrs, out, mask=g_mask[:, None])
+    tl.store(MidLse + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K, V, Out, Table, Rows, Prefix, Extend, QStart,
+    stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_tr,
+    scale, window,
+    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+):  # fmt: skip
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    mb = tl.program_id(2)
+    extend = tl.load(Extend + b)
+    if mb * BLOCK_M < extend:
+        prefix = tl.load(Prefix + b)
+        q0 = tl.load(QStart + b).to(tl.int64)
+        row = tl.load(Rows + b).to(tl.int64)
+        kvh = h // GROUP
+        m_offs = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+        m_mask = m_offs < extend
+        d = tl.arange(0, D)
+        q = tl.load(
+            Q + (q0 + m_offs)[:, None] * stride_qt + h * stride_qh + d[None, :], mask=m_mask[:, None], other=0.0
+        )
+        q_pos = prefix + m_offs  # [BLOCK_M]
+        kv_end = tl.minimum(prefix + extend, prefix + (mb + 1) * BLOCK_M)
+        kv_lo = 0
+        if HAS_WINDOW:
+            kv_lo = tl.maximum(0, prefix + mb * BLOCK_M - window + 1)
+            kv_lo = (kv_lo // BLOCK_N) * BLOCK_N
+        m_i = tl.full([BLOCK_M], _NEG, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, D], tl.float32)
+        for n in range(kv_lo, kv_end, BLOCK_N):
+            offs = n + tl.arange(0, BLOCK_N)
+            k_mask = offs < kv_end
+            slots = tl.load(Table + row * stride_tr + offs, mask=k_mask, other=0).to(tl.int64)
+            k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=k_mask[:, None], other=0.0)
+            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_M, BLOCK_N]
+            allowed = k_mask[None, :] & (offs[None, :] <= q_pos[:, None])
+            if HAS_WINDOW:
+                allowed = allowed & (offs[None, :] > q_pos[:, None] - window)
+            s = tl.where(allowed, s, _NEG)
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            p = tl.where(allowed, p, 0.0)
+            alpha = tl.exp(m_i - m_new)
+            v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=k_mask[:, None], other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            m_i = m_new
+        out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+        o_ptrs = Out + (q0 + m_offs)[:, None] * stride_ot + h * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_mask[:, None])
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+            scale: float, window: int | None, split_len: int = 256) -> torch.Tensor:  # fmt: skip
+    t, h, d = q.shape
+    hkv = k_cache.shape[1]
+    group = h // hkv
+    max_len = max(p + e for p, e in zip(meta.prefix_lens_cpu, meta.extend_lens_cpu))
+    splits = triton.cdiv(max_len, split_len)
+    mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device)
+    mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
+    table = meta.req_to_token
+    _decode_split_kernel[(t, hkv, splits)](
+        q, k_cache, v_cache, table, meta.req_pool_indices, meta.seq_lens, mid_o, mid_lse,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        scale, window or 0, split_len,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=32, HAS_WINDOW=window is not None,
+    )  # fmt: skip
+    # Merge the splits: weights exp(lse_s - max_s lse), all on the device.
+    lse_max = mid_lse.max(dim=-1, keepdim=True).values  # [T, H, 1]
+    w = torch.exp(mid_lse - lse_max)  # [T, H, S]
+    out = (mid_o * w[..., None]).sum(dim=2) / w.sum(dim=-1, keepdim=True)  # [T, H, D]
+    return out.to(q.dtype)
+
+
+def _extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+            scale: float, window: int | None) -> torch.Tensor:  # fmt: skip
+    _t, h, d = q.shape
+    hkv = k_cache.shape[1]
+    out = torch.empty_like(q)
+    q_start = torch.cumsum(meta.extend_lens, 0) - meta.extend_lens  # [B]
+    block_m = 16 if d > 128 else 32
+    table = meta.req_to_token
+    grid = (meta.num_seqs, h, triton.cdiv(meta.max_extend, block_m))
+    _extend_kernel[grid](
+        q, k_cache, v_cache, out, table, meta.req_pool_indices, meta.prefix_lens, meta.extend_lens, q_start,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
+        out.stride(0), out.stride(1), table.stride(0),
+        scale, window or 0,
+        GROUP=h // hkv, D=d, BLOCK_M=block_m, BLOCK_N=32, HAS_WINDOW=window is not None,
+    )  # fmt: skip
+    return out
+
+
+def paged_attention_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Same contract as ``reference.paged_attention`` (without soft-capping). Returns [T, H, D]."""
+    assert q.shape[2] in (16, 32, 64, 128, 256), f"head_dim {q.shape[2]} is not supported by the Triton kernels"
+    k_cache[meta.out_cache_loc] = k.to(k_cache.dtype)
+    v_cache[meta.out_cache_loc] = v.to(v_cache.dtype)
+    q = q.contiguous()
+    if all(e == 1 for e in meta.extend_lens_cpu):
+        return _decode(q, k_cache, v_cache, meta, scale, sliding_window)
+    return _extend(q, k_cache, v_cache, meta, scale, sliding_window)
