@@ -1,6 +1,10 @@
 """Engine checks and timings on random weights in real model shapes (meant for the GPU machine).
 
     python -m loadgen.device_bench --out results.json [--tiny] [--device cuda] [--only parity,bf16,w2]
+    python -m loadgen.device_bench --only copy,w1,floor,w3 --attention-backend triton   # issue 6
+
+* copy/w1/floor/w3: see ``loadgen/gpu_workloads.py`` (W1 offline vs transformers
+  ``generate_batch``, the decode-step floor, W3 through the HTTP server at three rates).
 
 * parity: float32, the engine's greedy tokens vs transformers' on the same random weights.
 * bf16:   the engine in bfloat16 on both shapes (a short batched run; tokens/s).
@@ -31,6 +35,7 @@ import anyio.lowlevel
 import torch
 
 import aserve
+from loadgen import gpu_workloads as gw
 
 SHAPES: dict[str, dict[str, Any]] = {
     "gemma3-270m": {
@@ -283,7 +288,14 @@ def main() -> None:
     ap.add_argument("--tokenizer-dir", default=".gpu")
     ap.add_argument("--work-dir", default="/tmp/aserve-bench")
     ap.add_argument("--tiny", action="store_true", help="tiny stand-in shapes and sizes (CPU smoke run)")
-    ap.add_argument("--only", default="wake,parity,bf16,w2")
+    ap.add_argument(
+        "--only",
+        default="wake,parity,bf16,w2",
+        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, w3, profile",
+    )
+    ap.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    ap.add_argument("--w1-requests", type=int, default=1000)
+    ap.add_argument("--w1-peer-requests", type=int, default=100, help="transformers runs this many of the W1 requests")
     args = ap.parse_args()
     only = set(args.only.split(","))
     root, tok = Path(args.work_dir), Path(args.tokenizer_dir)
@@ -315,6 +327,54 @@ def main() -> None:
             run_throughput(g, root, tok, args.device, bf16, n, plen, olen, ov, 256) for ov in (True, False, True, False)
         ]
         print(json.dumps(results["w2"]), flush=True)
+    backend = args.attention_backend
+    if "copy" in only or "floor" in only:
+        results["copy_bytes_per_s"] = gw.copy_bandwidth(args.device, nbytes=2**24 if args.tiny else 2 * 2**30)
+        print(f"copy bandwidth (read + write): {results['copy_bytes_per_s'] / 1e12:.3f} TB/s", flush=True)
+    if "w1" in only:
+        results["w1"] = []
+        for shape in (g, ll):
+            path = root / shape
+            if not (path / "config.json").exists():
+                build_checkpoint(shape, root, tok)
+            lo, hi = (8, 24) if args.tiny else (128, 1024)
+            reqs = gw.w1_requests(args.w1_requests, lo, hi, SHAPES[shape]["vocab_size"], seed=4)
+            ours = gw.w1_aserve(path, reqs, args.device, bf16, backend)
+            peer_reqs = reqs[: args.w1_peer_requests]
+            _, hf = build_checkpoint(shape, root / "peer", tok)  # same seed: the same weights
+            hf = hf.to(device=args.device, dtype=getattr(torch, bf16))
+            peer = gw.w1_transformers(hf, peer_reqs)
+            del hf
+            row = {
+                "shape": shape,
+                "aserve": ours,
+                "transformers": peer,
+                "ratio": ours["output_tok_s"] / peer["output_tok_s"],
+            }
+            results["w1"].append(row)
+            print(json.dumps(row), flush=True)
+    if "floor" in only:
+        shape = ll
+        path = root / shape
+        if not (path / "config.json").exists():
+            build_checkpoint(shape, root, tok)
+        batch, ctx = (8, 64) if args.tiny else (256, 1024)
+        spec = {k: v for k, v in SHAPES[shape].items() if k != "arch"}
+        floor = gw.decode_floor(spec, batch, ctx, results["copy_bytes_per_s"], 4 if bf16 == "float32" else 2)
+        step = gw.decode_step_time(path, batch, ctx, args.device, bf16, backend)
+        results["floor"] = {"shape": shape, "batch": batch, "context": ctx, "floor_ms": floor * 1e3,
+                            "step_ms": step * 1e3, "step_over_floor": step / floor}  # fmt: skip
+        print(json.dumps(results["floor"]), flush=True)
+    if "w3" in only:
+        path = root / g
+        if not (path / "config.json").exists():
+            build_checkpoint(g, root, tok)
+        out_dir = Path(args.out).parent / "w3"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        rates = [2.0, 8.0, 32.0] if not args.tiny else [4.0, 16.0, 64.0]
+        n, il, ol = (12, 8, 4) if args.tiny else (300, 256, 256)
+        results["w3"] = gw.w3_online(path, rates, n, il, ol, out_dir, ["--attention-backend", backend, "--dtype", bf16])
+        print(json.dumps(results["w3"]), flush=True)
     if "profile" in only:
         results["profile"] = profile_host(g, root, tok, args.device, bf16)
         print(results["profile"][-6000:], flush=True)
@@ -333,6 +393,22 @@ def _driver() -> str | None:
 
 
 def _table(results: dict[str, Any]) -> None:
+    if "copy_bytes_per_s" in results:
+        print(f"copy bandwidth (read + write): {results['copy_bytes_per_s'] / 1e12:.3f} TB/s")
+    for r in results.get("w1", []):
+        print(
+            f"W1 {r['shape']:>12}: aserve {r['aserve']['output_tok_s']:.0f} tok/s ({r['aserve']['requests']} req), "
+            f"transformers {r['transformers']['output_tok_s']:.0f} tok/s ({r['transformers']['requests']} req): "
+            f"{r['ratio']:.1f}x"
+        )
+    if "floor" in results:
+        f = results["floor"]
+        print(f"decode step {f['shape']} b={f['batch']} ctx={f['context']}: {f['step_ms']:.2f} ms, "
+              f"floor {f['floor_ms']:.2f} ms ({f['step_over_floor']:.2f}x)")  # fmt: skip
+    for r in results.get("w3", []):
+        print(f"W3 rate {r['rate']:>5}: {r['output_tok_s']:.0f} tok/s, TTFT p50/p99 {r['ttft_p50_ms']:.0f}/"
+              f"{r['ttft_p99_ms']:.0f} ms, TPOT {r['tpot_p50_ms']:.1f}/{r['tpot_p99_ms']:.1f}, "
+              f"ITL {r['itl_p50_ms']:.1f}/{r['itl_p99_ms']:.1f}")  # fmt: skip
     for w in results.get("wake", []):
         print(
             f"wake {w['strategy']:>16}: p50 {w['median_wake_latency_us']:.1f} us, max {w['max_wake_latency_us']:.1f} us, "

@@ -1,0 +1,177 @@
+"""Issue 6's workloads for ``loadgen.device_bench``: W1 offline vs transformers, W3 online
+through the HTTP server, the decode-step floor, and the copy bandwidth it is measured against.
+
+Every function takes sizes as arguments so a CPU smoke run (``--tiny``) exercises the same
+code as the H200 run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+
+import aserve
+
+
+def copy_bandwidth(device: str, nbytes: int = 2 * 2**30, reps: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second (the memory roofline used below)."""
+    n = nbytes // 2
+    src = torch.randn(n // 4, device=device)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            dst.copy_(src)
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+    else:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            dst.copy_(src)
+        seconds = time.perf_counter() - t0
+    return 2 * src.numel() * 4 * reps / seconds
+
+
+def w1_requests(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[tuple[list[int], int]]:
+    """(prompt ids, output length), prompt and output lengths uniform in [lo, hi]."""
+    rng = random.Random(seed)
+    return [
+        ([2] + [rng.randrange(10, min(vocab, 200_000)) for _ in range(rng.randint(lo, hi) - 1)], rng.randint(lo, hi))
+        for _ in range(n)
+    ]
+
+
+def w1_aserve(path: Path, reqs: list[tuple[list[int], int]], device: str, dtype: str, backend: str) -> dict[str, Any]:
+    async def run() -> dict[str, Any]:
+        ctx = max(len(p) + o for p, o in reqs) + 8
+        async with aserve.Engine(
+            model=str(path), device=device, dtype=dtype, attention_backend=backend, max_context=ctx,
+            max_running_requests=256, max_num_batched_tokens=8192,
+        ) as engine:  # fmt: skip
+            engine.reset_stats()
+            t0 = time.perf_counter()
+            total = 0
+
+            async def one(prompt: list[int], out_len: int) -> None:
+                nonlocal total
+                r = await engine.complete(
+                    prompt, aserve.SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
+                )
+                total += len(r.token_ids)
+
+            async with anyio.create_task_group() as tg:
+                for p, o in reqs:
+                    tg.start_soon(one, p, o)
+            wall = time.perf_counter() - t0
+        return {"engine": f"aserve ({backend})", "requests": len(reqs), "output_tokens": total, "wall_s": wall,
+                "output_tok_s": total / wall}  # fmt: skip
+
+    return anyio.run(run)
+
+
+def w1_transformers(model: Any, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
+    """transformers continuous batching (``generate_batch``, paged|sdpa), the issue's peer.
+
+    ``generate_batch`` takes one generation config for all requests, so requests are
+    grouped by output length (each group one call) and the times added up.
+    """
+    from transformers import GenerationConfig
+
+    model.set_attn_implementation("paged|sdpa")
+    by_len: dict[int, list[list[int]]] = {}
+    for p, o in reqs:
+        by_len.setdefault(o, []).append(p)
+    total, wall = 0, 0.0
+    for out_len, prompts in sorted(by_len.items()):
+        gc = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=None, pad_token_id=0)
+        t0 = time.perf_counter()
+        outs = model.generate_batch(inputs=prompts, generation_config=gc, progress_bar=False)
+        wall += time.perf_counter() - t0
+        total += sum(len(o.generated_tokens) for o in outs.values())
+    return {"engine": "transformers generate_batch", "requests": len(reqs), "output_tokens": total, "wall_s": wall,
+            "output_tok_s": total / wall}  # fmt: skip
+
+
+def decode_floor(shape_spec: dict[str, Any], batch: int, context: int, bandwidth: float, dtype_bytes: int = 2) -> float:
+    """Seconds one decode step must take at least: weight bytes + KV bytes read, over the
+    measured copy bandwidth (bytes read + written per second: reading alone is half)."""
+    s = shape_spec
+    h, inter, layers, vocab = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"], s["vocab_size"]
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
+    weights = (layers * per_layer + vocab * h) * dtype_bytes
+    kv_bytes = batch * context * layers * 2 * kv * dtype_bytes
+    return (weights + kv_bytes) / (bandwidth / 2)
+
+
+def decode_step_time(path: Path, batch: int, context: int, device: str, dtype: str, backend: str) -> float:
+    """Median device span of a decode step with ``batch`` sequences near ``context`` tokens."""
+    prompts = [[2] + [random.Random(i).randrange(10, 1000) for _ in range(context - 9)] for i in range(batch)]
+
+    async def run() -> float:
+        async with aserve.Engine(
+            model=str(path), device=device, dtype=dtype, attention_backend=backend, max_context=context + 8,
+            max_running_requests=batch, max_num_batched_tokens=16384,
+        ) as engine:  # fmt: skip
+            engine.reset_stats()
+            async with anyio.create_task_group() as tg:
+                for p in prompts:
+                    tg.start_soon(
+                        engine.complete, p, aserve.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+                    )
+            recs = [r for r in engine.step_records() if r.num_decodes == r.num_seqs == batch]
+        return statistics.median(r.device_busy_s for r in recs)
+
+    return anyio.run(run)
+
+
+def w3_online(path: Path, rates: list[float], num_requests: int, in_len: int, out_len: int,
+              out_dir: Path, server_args: list[str]) -> list[dict[str, Any]]:  # fmt: skip
+    """Start ``aserve serve`` on the checkpoint, run loadgen Poisson runs at each rate."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "aserve", "serve", "--model", str(path), "--port", str(port),
+           "--served-model-name", "bench", *server_args]  # fmt: skip
+    log = open(out_dir / "w3_server.log", "wb")  # noqa: SIM115 - closed below
+    server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+    rows = []
+    try:
+        for rate in rates:
+            label = f"w3_rate{rate:g}"
+            subprocess.run(
+                [sys.executable, "-m", "loadgen", "run", "--base-url", f"http://127.0.0.1:{port}", "--model", "bench",
+                 "--tokenizer", str(path), "--workload", "random", "--num-requests", str(num_requests),
+                 "--input-len", str(in_len), "--output-len", str(out_len), "--rate", str(rate), "--seed", "1",
+                 "--no-progress", "--no-plots", "--ready-timeout", "600", "--out", str(out_dir), "--label", label],
+                check=True, env=env, timeout=900,
+            )  # fmt: skip
+            summary = json.loads((out_dir / f"{label}.json").read_text())
+            lat = summary["latency_s"]
+            rows.append({
+                "rate": rate, "output_tok_s": summary["throughput"]["output_tok_per_s"],
+                **{f"{m}_{q}_ms": lat[m][q] * 1e3 for m in ("ttft", "tpot", "itl") for q in ("p50", "p99")},
+            })  # fmt: skip
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+        log.close()
+    return rows
