@@ -24,6 +24,7 @@ class EngineConfig:
     # "torch": the reference path (padded SDPA). "triton": aserve/attention/triton_paged.py
     # (checked against the reference; not yet the default until measured on the GPU).
     attention_backend: Literal["torch", "triton"] = "torch"
+    fused_ops: bool = False  # Triton RMSNorm / rotary / gated activation (aserve/kernels/fused.py)
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"  # lpm: longest cached prefix first (long queues)
     page_size: int = 16
     kv_cache_bytes: int | None = None  # KV budget in bytes; None derives it from mem_fraction

@@ -70,6 +70,10 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InvalidRequestError("device 'cuda' was asked for but CUDA is not available; use device='cpu'")
     model_config, model, path = load_model(cfg.model, dtype, device, progress=_Progress("loading weights"))
+    if cfg.fused_ops:
+        from aserve.models.layers import set_fused_ops
+
+        set_fused_ops(model, True)
     tokenizer = load_tokenizer(path)
     eos = tuple(dict.fromkeys((*model_config.eos_token_ids, *tokenizer.eos_token_ids)))
     max_context = model_config.max_position_embeddings

@@ -27,9 +27,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.gemma = gemma
         self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
+        self.fused = False  # set by set_fused_ops(): one Triton kernel instead of ~6 eager ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., dim]
+        if self.fused:
+            from aserve.kernels.fused import rmsnorm
+
+            return rmsnorm(x, self.weight, self.eps, self.gemma)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.gemma:
@@ -89,10 +94,15 @@ class GatedMLP(nn.Module):
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.act = act
+        self.fused = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden]
         gate = self.gate_proj(x)  # [T, inter]
+        if self.fused:
+            from aserve.kernels.fused import gated
+
+            return self.down_proj(gated(gate, self.up_proj(x), self.act))
         gate = F.gelu(gate, approximate="tanh") if self.act == "gelu_tanh" else F.silu(gate)
         return self.down_proj(gate * self.up_proj(x))
 
@@ -124,6 +134,7 @@ class PagedSelfAttention(nn.Module):
         self.k_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
+        self.fused = False
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if qk_norm_eps is not None:
@@ -146,8 +157,13 @@ class PagedSelfAttention(nn.Module):
             q = self.q_norm(q)
             k = self.k_norm(k)
         cos, sin = cos_sin
-        q = apply_rotary(q, cos, sin)
-        k = apply_rotary(k, cos, sin)
+        if self.fused:
+            from aserve.kernels.fused import rotary
+
+            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+        else:
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
         if meta.backend == "triton" and self.softcap is None:
             from aserve.attention.triton_paged import paged_attention_triton
 
@@ -155,6 +171,13 @@ class PagedSelfAttention(nn.Module):
         else:
             out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+def set_fused_ops(model: nn.Module, on: bool) -> None:
+    """Switch every norm, MLP and attention block of ``model`` to the Triton kernels."""
+    for module in model.modules():
+        if isinstance(module, (RMSNorm, GatedMLP, PagedSelfAttention)):
+            module.fused = on
 
 
 def check_kv_cache(kv_cache: KVCache, num_layers: int) -> None:

@@ -69,8 +69,16 @@ def test_batched_mixed_lengths(model: str, overlap: bool, chunk: int, request: p
 
 @pytest.mark.parametrize("model", ["tiny_gemma", "tiny_llama"])
 def test_triton_attention_backend(model: str, request: pytest.FixtureRequest) -> None:
-    """The Triton kernels (interpreted on a CPU) in the whole engine: chunked prefills,
-    mixed batches and decodes still match transformers."""
+    """The Triton kernels (interpreted on a CPU) in the whole engine — paged attention and
+    the fused norms, rotary and gated activations: chunked prefills, mixed batches and
+    decodes still match transformers."""
     pytest.importorskip("triton")
     fx = request.getfixturevalue(model)
-    _check(fx, _prompts(384, 4, seed=3), overlap=True, max_num_batched_tokens=16, attention_backend="triton")
+    _check(
+        fx,
+        _prompts(384, 4, seed=3),
+        overlap=True,
+        max_num_batched_tokens=16,
+        attention_backend="triton",
+        fused_ops=True,
+    )
