@@ -25,6 +25,9 @@ class EngineConfig:
     # (checked against the reference; not yet the default until measured on the GPU).
     attention_backend: Literal["torch", "triton"] = "torch"
     fused_ops: bool = False  # Triton RMSNorm / rotary / gated activation (aserve/kernels/fused.py)
+    # Decode steps from CUDA graphs (needs attention_backend="triton"); on a CPU the same
+    # static-buffer path runs uncaptured. Off until measured on the GPU (issue 6).
+    cuda_graph: bool = False
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"  # lpm: longest cached prefix first (long queues)
     page_size: int = 16
     kv_cache_bytes: int | None = None  # KV budget in bytes; None derives it from mem_fraction
@@ -51,6 +54,8 @@ class EngineConfig:
             raise InvalidRequestError("page_size must be >= 1", param="page_size")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise InvalidRequestError("mem_fraction must be in (0, 1]", param="mem_fraction")
+        if self.cuda_graph and self.attention_backend != "triton":
+            raise InvalidRequestError("cuda_graph needs attention_backend='triton'", param="cuda_graph")
         if self.max_num_batched_tokens < 1 or self.max_running_requests < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_running_requests must be >= 1")
 

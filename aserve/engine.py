@@ -29,6 +29,7 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from aserve.config import EngineConfig
+from aserve.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceError, LoopWaker
 from aserve.engine_setup import LoadedEngine, load_engine_parts
 from aserve.errors import (
@@ -139,7 +140,10 @@ class Engine:
             self._cpu_stream,
             self._cuda_waiter,
             cfg.attention_backend,
+            DecodeGraphs(parts.model, parts.pool, parts.device, cfg.max_running_requests) if cfg.cuda_graph else None,
         )
+        if self.runner.decode_graphs is not None and parts.device.type == "cuda":
+            self.runner.decode_graphs.capture(self.runner.forward_stream)
         self.committer = Committer(self.scheduler, parts.tokenizer, self._on_finish)
         self._slots = PipelineSlots(cfg.pipeline_depth)
         send: MemoryObjectSendStream[Step]

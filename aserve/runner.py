@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from aserve.attention.metadata import AttentionMetadata
+from aserve.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
 from aserve.device.staging import PinnedStaging
 from aserve.kv.pool import KVPool
@@ -88,8 +89,10 @@ class ModelRunner:
         cpu_stream: CpuStream | None,
         cuda_waiter: CudaEventWaiter | None,
         attention_backend: str = "torch",
+        decode_graphs: DecodeGraphs | None = None,
     ) -> None:
         self.attention_backend = attention_backend
+        self.decode_graphs = decode_graphs
         self.model = model
         self.pool = pool
         self.device = device
@@ -199,6 +202,7 @@ class ModelRunner:
             "pending_decode": torch.tensor([decode_rows.index(plan.seqs[b].row) for b, _ in pending], dtype=i64),
             "prefix_cpu": prefix,
             "extend_cpu": extend,
+            "all_decode": all(s.input_ids is None for s in plan.seqs),
             "sampling": (params, seeds, steps, prompts, outputs),
         }
 
@@ -234,6 +238,11 @@ class ModelRunner:
         if dev["decode_rows"].numel() > 0:
             gathered = self.future_map.gather(dev["decode_rows"], dev["decode_gens"])
             input_ids = input_ids.index_put((dev["decode_token_idx"],), gathered)
+        graphs = self.decode_graphs
+        if graphs is not None and dev["all_decode"] and graphs.fits(input_ids.shape[0]):
+            with torch.inference_mode():
+                logits = graphs.run(input_ids, dev)  # [B, V]
+            return self._sample_and_publish(logits, dev, gathered)
         meta = AttentionMetadata(
             positions=dev["positions"],
             out_cache_loc=dev["slots"],
@@ -249,6 +258,12 @@ class ModelRunner:
         )
         with torch.inference_mode():
             logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B, V]
+        return self._sample_and_publish(logits, dev, gathered)
+
+    def _sample_and_publish(
+        self, logits: torch.Tensor, dev: dict[str, Any], gathered: torch.Tensor | None
+    ) -> SampleOutput:
+        with torch.inference_mode():
             sbatch = dev["sbatch"]
             if sbatch.output_tokens is not None and gathered is not None and dev["pending_b"].numel() > 0:
                 sbatch.output_tokens[dev["pending_b"], dev["pending_c"]] = gathered[dev["pending_decode"]]
@@ -292,6 +307,7 @@ class ModelRunner:
         replaced: dict[str, Any] = {k: dev["s." + k] for k in sampling_fields}
         dev["sbatch"] = dataclasses.replace(sbatch_host, **replaced)
         dev["prefix_cpu"], dev["extend_cpu"] = host["prefix_cpu"], host["extend_cpu"]
+        dev["all_decode"] = host["all_decode"]
         self.forward_stream.wait_stream(self.schedule_stream)
         with torch.cuda.stream(self.forward_stream):
             begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin", watch=False)

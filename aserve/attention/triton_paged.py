@@ -136,7 +136,10 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
     t, h, d = q.shape
     hkv = k_cache.shape[1]
     group = h // hkv
-    max_len = max(p + e for p, e in zip(meta.prefix_lens_cpu, meta.extend_lens_cpu))
+    if meta.static_max_len is not None:
+        max_len = meta.static_max_len
+    else:
+        max_len = max(p + e for p, e in zip(meta.prefix_lens_cpu, meta.extend_lens_cpu))
     splits = triton.cdiv(max_len, split_len)
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
