@@ -49,7 +49,7 @@ def _case(seed: int, heads: int, kv_heads: int, dim: int, prefix: list[int], ext
 
 @pytest.mark.parametrize(
     ("heads", "kv_heads", "dim", "window"),
-    [(4, 1, 32, None), (4, 2, 64, None), (2, 2, 32, 5), (4, 1, 64, 9)],
+    [(4, 1, 32, None), (4, 2, 64, None), (2, 2, 32, 5), (4, 1, 64, 9), (8, 2, 128, None), (4, 1, 256, 9)],
 )
 def test_decode_matches_reference(heads: int, kv_heads: int, dim: int, window: int | None) -> None:
     prefix = [0, 5, 40, 77]  # 0: a sequence whose only key is its own new token
@@ -58,7 +58,7 @@ def test_decode_matches_reference(heads: int, kv_heads: int, dim: int, window: i
     assert torch.isfinite(out).all()
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(4, 2, 32, None), (2, 1, 64, 6)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(4, 2, 32, None), (2, 1, 64, 6), (4, 1, 256, 6)])
 def test_extend_mixed_batch_matches_reference(heads: int, kv_heads: int, dim: int, window: int | None) -> None:
     # A fresh prefill, a chunk after a prefix, and two decodes in one batch.
     out, ref, _ = _case(2, heads, kv_heads, dim, [0, 20, 33, 7], [37, 18, 1, 1], window)

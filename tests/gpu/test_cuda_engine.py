@@ -1,0 +1,92 @@
+"""GPU-only checks (run on the H200 with ``pytest -m gpu tests/gpu``): the CUDA paths that a
+CPU cannot exercise — captured decode graphs, compiled Triton kernels, and a host path that
+never synchronises with the device while requests run."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+import aserve
+from tests.tiny import hf_greedy
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+def _prompts(n: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 384) for _ in range(rng.choice([3, 17, 40]))] for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {"attention_backend": "torch"},
+        {"attention_backend": "triton"},
+        {"attention_backend": "triton", "fused_ops": True},
+        {"attention_backend": "triton", "fused_ops": True, "cuda_graph": True},
+    ],
+)
+@pytest.mark.parametrize("model", ["tiny_gemma", "tiny_llama"])
+def test_float32_greedy_matches_transformers_on_cuda(
+    model: str, opts: dict[str, Any], request: pytest.FixtureRequest
+) -> None:
+    path, hf = request.getfixturevalue(model)
+    prompts = _prompts(6, seed=1)
+    refs = [hf_greedy(hf, p, 16)[0] for p in prompts]
+    params = aserve.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+
+    async def run() -> list[list[int]]:
+        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", max_running_requests=8,
+                                 max_context=128, kv_cache_bytes=2**26, **opts) as engine:  # fmt: skip
+            out: dict[int, list[int]] = {}
+
+            async def one(i: int) -> None:
+                out[i] = (await engine.complete(prompts[i], params)).token_ids
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            if opts.get("cuda_graph"):
+                assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
+            return [out[i] for i in range(len(prompts))]
+
+    with _NoTF32():
+        assert anyio.run(run) == refs
+
+
+class _NoTF32:
+    def __enter__(self) -> None:
+        self.prev = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+    def __exit__(self, *exc: object) -> None:
+        torch.backends.cuda.matmul.allow_tf32 = self.prev
+
+
+@pytest.mark.parametrize("opts", [{}, {"attention_backend": "triton", "fused_ops": True, "cuda_graph": True}])
+def test_no_host_device_sync_while_serving(tiny_llama: tuple[Path, Any], opts: dict[str, Any]) -> None:
+    """Plan, launch and commit never wait on the device: CUDA's sync debug mode raises on
+    any synchronising call made while requests run (start-up and shutdown are outside)."""
+    path, _ = tiny_llama
+
+    async def run() -> None:
+        async with aserve.Engine(
+            model=str(path), device="cuda", max_running_requests=16, max_context=256, **opts
+        ) as engine:
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                async with anyio.create_task_group() as tg:
+                    for p in _prompts(12, seed=2):
+                        tg.start_soon(
+                            engine.complete, p, aserve.SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9)
+                        )
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+
+    anyio.run(run)
