@@ -542,7 +542,7 @@ class Engine:
 
     async def _plan_loop(self, send: MemoryObjectSendStream[Step]) -> None:
         async with send:
-            while True:
+            while self._broken is None:
                 await self._slots.acquire()
                 t0 = time.perf_counter()
                 while True:
@@ -575,7 +575,10 @@ class Engine:
                 step.keepalive.append(step_depth)
                 step.keepalive.append(self._idle_before_next)
                 self._idle_before_next = False
-                await send.send(step)
+                try:
+                    await send.send(step)
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+                    return  # the committer stopped after a device error; the engine is broken
 
     async def _commit_loop(self, recv: MemoryObjectReceiveStream[Step]) -> None:
         async with recv:
