@@ -310,6 +310,19 @@ class Engine:
             async for delta in stream:
                 yield delta
 
+    def open_stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> RequestStream:
+        """Validate and submit now, then stream: bad input raises here, before any await.
+
+        Servers use it to answer admission errors with a status before sending headers,
+        and to start the response at once. ``await stream.aclose()`` aborts the request
+        whether or not iteration has started.
+        """
+        reqs = self._make_requests(prompt, params or SamplingParams(), request_id)
+        self._submit(reqs)
+        return RequestStream(self, reqs)
+
     def stats(self) -> EngineStats:
         ledger = self.ledger()
         st = self._stats
@@ -436,10 +449,11 @@ class Engine:
             )
         return reqs
 
-    async def _stream(self, reqs: list[Req]) -> AsyncGenerator[Delta, None]:
+    async def _stream(self, reqs: list[Req], submitted: bool = False) -> AsyncGenerator[Delta, None]:
         """Submit ``reqs`` and yield their deltas; aborts them if the consumer goes away."""
         tok = self.tokenizer
-        self._submit(reqs)
+        if not submitted:
+            self._submit(reqs)
         signal = reqs[0].cell.signal
         params = reqs[0].params
         detoks = [IncrementalDetokenizer(tok, skip_special_tokens=params.skip_special_tokens) for _ in reqs]
@@ -671,3 +685,29 @@ class Engine:
                     seqs=len(step.entries),
                     tokens=step.num_tokens,
                 )
+
+
+class RequestStream:
+    """Deltas of a submitted request (``Engine.open_stream``); ``aclose`` aborts it."""
+
+    def __init__(self, engine: Engine, reqs: list[Req]) -> None:
+        self._engine = engine
+        self._reqs = reqs
+        self._gen = engine._stream(reqs, submitted=True)
+
+    @property
+    def request_id(self) -> str:
+        return self._reqs[0].group_id
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        """Abort the request if unfinished (at once, started or not) and close the stream."""
+        for req in self._reqs:
+            if not req.finished:
+                self._engine._abort(req)
+        await self._gen.aclose()

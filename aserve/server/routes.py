@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
 
 import anyio
@@ -157,24 +157,16 @@ async def _generate(
         rid = prefix + request.state.request_id
         want_lps = params.logprobs is not None
         if req.stream:
-            gen = cast(AsyncGenerator[Delta, None], engine.generate(ids, params, request_id=rid))
-            # Prime it so that admission errors (context, queue full) still get a real status.
-            # Until the first token no response is running, so watch for a disconnect ourselves.
-            primed = await _while_connected(request, lambda: anext(gen, None), f"first_token[{rid}]")
-            if not primed:
-                await gen.aclose()
-                timer.finish("abort")
-                return Response(status_code=499)
-            first = primed[0]
+            # Validates and submits synchronously: admission errors (context, queue full)
+            # still get a real status, and the response starts at once.
+            gen = engine.open_stream(ids, params, request_id=rid)
             timer.admitted(len(ids))
             maker = (
                 _ChatChunks(tok, rid, req.model, params.n, want_lps)
                 if endpoint == "chat"
                 else _CompletionChunks(tok, rid, req.model, want_lps)
             )
-            body = stream_events(
-                first, gen, maker, prompt_tokens=len(ids), include_usage=req.include_usage, timer=timer
-            )
+            body = stream_events(None, gen, maker, prompt_tokens=len(ids), include_usage=req.include_usage, timer=timer)
             handed_off = True
             return SSEResponse(body, gen, server.release)
         results = await _while_connected(

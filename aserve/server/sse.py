@@ -2,9 +2,9 @@
 
 Cancellation is the abort path: when Starlette notices the client left it cancels the task
 iterating the body, the engine's generator sees the cancellation at its await and aborts the
-request (freeing its KV). :class:`SSEResponse` also closes both generators itself, because a
-client that leaves before the body is first iterated would otherwise leave the (already
-primed) engine generator open until garbage collection.
+request (freeing its KV). :class:`SSEResponse` also closes both itself, because a client
+that leaves before the body is first iterated would otherwise leave the (already submitted)
+engine request running; ``RequestStream.aclose`` aborts it whether iteration began or not.
 """
 
 from __future__ import annotations
@@ -32,6 +32,10 @@ def event(payload: BaseModel | dict[str, Any]) -> bytes:
     else:
         data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
     return b"data: " + data.encode() + b"\n\n"
+
+
+class Closable(Protocol):
+    async def aclose(self) -> None: ...
 
 
 class ChunkMaker(Protocol):
@@ -95,7 +99,7 @@ class SSEResponse(StreamingResponse):
     def __init__(
         self,
         body: AsyncGenerator[bytes, None],
-        engine_stream: AsyncGenerator[Delta, None],
+        engine_stream: Closable,
         on_close: Callable[[], None],
         headers: dict[str, str] | None = None,
     ) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 import aserve
 
@@ -35,3 +36,25 @@ def test_break_out_of_generate_aborts_request(tiny_llama: tuple[Path, Any]) -> N
 
     aborted, finished = anyio.run(run)
     assert (aborted, finished) == (1, 0), "the request ran to max_tokens after its consumer left"
+
+
+def test_open_stream_validates_now_and_aclose_aborts_unstarted(tiny_llama: tuple[Path, Any]) -> None:
+    path, _ = tiny_llama
+
+    async def run() -> None:
+        async with aserve.Engine(model=str(path), warmup=False, overlap=True) as engine:
+            with pytest.raises(aserve.InvalidRequestError):
+                engine.open_stream([], aserve.SamplingParams())  # raises before any await
+            stream = engine.open_stream([1, 5, 6], aserve.SamplingParams(max_tokens=300, ignore_eos=True))
+            await anyio.sleep(0.05)  # it runs although nobody iterates yet
+            assert engine.stats().running == 1
+            await stream.aclose()  # never iterated: still aborts
+            with anyio.fail_after(10):
+                while not engine.ledger().all_free:
+                    await anyio.sleep(0.01)
+            assert engine.requests_aborted == 1
+            full = engine.open_stream([1, 5, 6], aserve.SamplingParams(max_tokens=4, ignore_eos=True))
+            got = [t async for d in full for t in d.token_ids]
+            assert len(got) == 4
+
+    anyio.run(run)
