@@ -32,7 +32,7 @@ value and a multiplier is below ``2**63`` and int64 never overflows):
 * row key (``[B]``, cheap): ``k = mix32(seed_hi ^ 0x3C6EF372); k = mix32(k ^ seed_lo);
   k = mix32(k ^ step_lo)``.
 * token hash (``[V]``, cached per vocab size and device): ``h_i = mix32(mix32(i) ^ 0x5851F42D)``.
-* per element: ``x = mix32(h_i ^ k)``; ``U = (x >> 8 + 0.5) / 2**24``, a float32 that is
+* per element: ``x = mix32(h_i ^ k)``; ``U = (x >> 9 + 0.5) / 2**23``, a float32 that is
   exact (24 significant bits) and lies strictly inside (0, 1), so ``E = -log U`` is finite
   and positive.
 
@@ -71,7 +71,7 @@ _MUL1 = 0x7FEB352D
 _MUL2 = 0x21F0AAAD
 _SEED_SALT = 0x3C6EF372
 _TOKEN_SALT = 0x5851F42D
-_INV_2_24 = 1.0 / float(1 << 24)
+_INV_2_23 = 1.0 / float(1 << 23)
 
 
 class SamplingParamsLike(Protocol):
@@ -189,10 +189,12 @@ def _exp_noise(token_hash: Tensor, keys: Tensor) -> Tensor:
     x = token_hash ^ keys[:, None]  # [B, N] fresh int64 tensor we own
     scratch = torch.empty_like(x)
     _mix32_(x, scratch)
-    x.bitwise_right_shift_(8)  # top 24 bits -> exactly representable in float32
+    # Top 23 bits: (m + 0.5) / 2**23 is exact in float32 and at most 1 - 2**-24 < 1. With 24
+    # bits the largest m rounded to U == 1.0, E == 0, and that token won (or NaN'd) the race.
+    x.bitwise_right_shift_(9)
     noise = x.to(torch.float32)
-    # U = (m + 0.5) / 2**24 in (0, 1); E = -log(U) in (0, 17.4].
-    return noise.add_(0.5).mul_(_INV_2_24).log_().neg_()
+    # U = (m + 0.5) / 2**23 in (0, 1); E = -log(U) in [6e-8, 16.6].
+    return noise.add_(0.5).mul_(_INV_2_23).log_().neg_()
 
 
 def uniform_noise(seeds: Tensor, steps: Tensor, token_ids: Tensor) -> Tensor:
@@ -200,7 +202,7 @@ def uniform_noise(seeds: Tensor, steps: Tensor, token_ids: Tensor) -> Tensor:
     with ``seeds[b]`` at ``steps[b]``. Exposed for tests and for debugging reproducibility.
     seeds/steps: [B] int64; token_ids: [B, N] int64 -> [B, N] float32 in (0, 1)."""
     x = _mix32(_mix32(_mix32(token_ids) ^ _TOKEN_SALT) ^ _row_keys(seeds, steps)[:, None])
-    return ((x >> 8).to(torch.float32) + 0.5) * _INV_2_24
+    return ((x >> 9).to(torch.float32) + 0.5) * _INV_2_23
 
 
 # --------------------------------------------------------------------------------------
@@ -254,11 +256,37 @@ def _race(scaled: Tensor, keep: Tensor | None, noise_hash: Tensor, keys: Tensor)
     keep: [B, N] bool or None; noise_hash: [V] or [B, N] token hashes aligned with
     ``scaled``. Returns [B] int64 column indices of the winners."""
     row_max = scaled.max(dim=-1, keepdim=True).values  # [B, 1], always a kept token
+    if scaled.device.type == "cpu" and scaled.shape[1] > _CPU_RACE_CHUNK:
+        return _race_chunked(scaled, keep, noise_hash, keys, row_max)
     weights = torch.exp(scaled - row_max)  # [B, N] unnormalised probs in [0, 1]
     if keep is not None:
         weights.masked_fill_(~keep, 0.0)
     weights.div_(_exp_noise(noise_hash, keys))
     return weights.argmax(dim=-1)
+
+
+_CPU_RACE_CHUNK = 16384
+
+
+def _race_chunked(scaled: Tensor, keep: Tensor | None, noise_hash: Tensor, keys: Tensor, row_max: Tensor) -> Tensor:
+    """The same race in vocabulary chunks (CPU): each chunk's hash, noise and weights stay
+    in cache instead of streaming a dozen [B, V] int64 passes through memory. Element values
+    are computed exactly as in one pass, and ties keep the first index, so the winner is
+    the one-pass winner."""
+    bsz, n = scaled.shape
+    best_val = torch.full((bsz,), -1.0, dtype=torch.float32)
+    best_idx = torch.zeros(bsz, dtype=torch.int64)
+    for start in range(0, n, _CPU_RACE_CHUNK):
+        sl = slice(start, start + _CPU_RACE_CHUNK)
+        w = torch.exp(scaled[:, sl] - row_max)  # [B, C]
+        if keep is not None:
+            w.masked_fill_(~keep[:, sl], 0.0)
+        w.div_(_exp_noise(noise_hash[sl] if noise_hash.dim() == 1 else noise_hash[:, sl], keys))
+        val, idx = w.max(dim=-1)
+        better = val > best_val
+        best_val = torch.where(better, val, best_val)
+        best_idx = torch.where(better, idx + start, best_idx)
+    return best_idx
 
 
 def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:

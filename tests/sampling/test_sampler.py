@@ -495,3 +495,81 @@ def test_cpu_nucleus_shortcut_equals_full_sort(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setattr(sampler_mod, "_CPU_NUCLEUS", False)
     full = sample(logits, batch).token_ids
     assert torch.equal(fast, full)
+
+
+def test_the_largest_hash_value_does_not_win_the_race() -> None:
+    """Seed 49 at step 0 maps token 164644 to a hash >= 0xFFFFFF00: the largest uniform.
+    With 24 bits plus the half-step offset that uniform rounded to exactly 1.0, E == 0, and
+    the token won the race whatever its probability (NaN'd it when masked): about once per
+    2**24 tokens, ~1.6% of the rows at a 262144-token vocabulary."""
+    vocab, seed, special = 262144, 49, 164644
+    key = sampler_mod._row_keys(torch.tensor([seed]), torch.tensor([0]))
+    th = sampler_mod._token_hash(vocab, torch.device("cpu"))
+    assert int(sampler_mod._mix32(th[special] ^ key)[0]) >= 0xFFFFFF00, "the edge case moved; pick another seed"
+    noise = sampler_mod._exp_noise(th, key)
+    assert torch.isfinite(noise).all() and (noise > 0).all()
+    logits = torch.zeros(2, vocab)
+    logits[:, special] = -30.0  # practically impossible token
+    logits[:, :100] = 5.0
+
+    class P:
+        temperature, top_p, min_p = 1.0, 1.0, 0.0
+        repetition_penalty, frequency_penalty, presence_penalty = 1.0, 0.0, 0.0
+        logprobs = None
+
+        def __init__(self, top_k: int) -> None:
+            self.top_k = top_k
+
+    batch = make_sampling_batch([P(0), P(50)], [seed, seed], [0, 0], [[1]] * 2, [[]] * 2, "cpu")
+    tokens = sample(logits, batch).token_ids.tolist()
+    assert (tokens[0] != special and tokens[0] < 100) or logits[0, tokens[0]] == 0.0
+    assert tokens[1] < 100, "a token outside top-k was drawn"
+
+
+def test_large_vocab_draws_stay_inside_top_k_and_are_not_flat() -> None:
+    """Many (seed, step) rows at the real vocabulary size: every draw respects top-k, and
+    a peaked distribution is sampled near its mode (the U == 1 bug picked any token)."""
+    vocab, rows = 262144, 96
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(rows, vocab, generator=g) * 3
+
+    class P:
+        temperature, top_p, min_p = 0.7, 1.0, 0.0
+        repetition_penalty, frequency_penalty, presence_penalty = 1.0, 0.0, 0.0
+        logprobs = None
+
+        def __init__(self, top_k: int) -> None:
+            self.top_k = top_k
+
+    params = [P(50 if i % 2 else 0) for i in range(rows)]
+    batch = make_sampling_batch(
+        params, list(range(rows)), [i * 7 for i in range(rows)], [[1]] * rows, [[]] * rows, "cpu"
+    )
+    tokens = sample(logits, batch).token_ids
+    top50 = torch.topk(logits, 50).indices
+    for i in range(1, rows, 2):
+        assert tokens[i] in top50[i], f"row {i}: token outside top-k"
+    # Without top-k, temperature 0.7 over N(0, 9) logits still concentrates on the top ~1%.
+    ranks = [(logits[i] > logits[i, tokens[i]]).sum().item() for i in range(0, rows, 2)]
+    assert max(ranks) < vocab // 50, f"a draw from the far tail: ranks {sorted(ranks)[-3:]}"
+
+
+@pytest.mark.parametrize("kind", ["temperature", "top_k", "min_p"])
+def test_cpu_chunked_race_equals_one_pass(monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    g = torch.Generator().manual_seed(11)
+    vocab, rows = 5000, 24
+    logits = torch.randn(rows, vocab, generator=g) * 2
+
+    class P:
+        temperature, top_p = 0.8, 1.0
+        repetition_penalty, frequency_penalty, presence_penalty = 1.0, 0.0, 0.0
+        logprobs = None
+        top_k = 40 if kind == "top_k" else 0
+        min_p = 0.05 if kind == "min_p" else 0.0
+
+    batch = make_sampling_batch([P()] * rows, list(range(rows)), [5] * rows, [[1]] * rows, [[]] * rows, "cpu")
+    monkeypatch.setattr(sampler_mod, "_CPU_RACE_CHUNK", 10**9)
+    one_pass = sample(logits, batch).token_ids
+    monkeypatch.setattr(sampler_mod, "_CPU_RACE_CHUNK", 512)  # 10 chunks, the last one partial
+    chunked = sample(logits, batch).token_ids
+    assert torch.equal(one_pass, chunked)
