@@ -585,9 +585,8 @@ class Engine:
                     seq.req.inflight += 1
                     if self._trace is not None and seq.prefix_len == 0:
                         self._trace.request_state(seq.req.rid, "running", step.launch_time)
-                step_depth = self._slots.in_use
-                step.keepalive.append(step_depth)
-                step.keepalive.append(self._idle_before_next)
+                step.depth_in_use = self._slots.in_use
+                step.after_idle = self._idle_before_next
                 self._idle_before_next = False
                 try:
                     await send.send(step)
@@ -644,17 +643,16 @@ class Engine:
             req.cell.fail(exc)
 
     def _record(self, step: Step, commit_s: float, commit_t0: float) -> None:
-        depth_in_use, idle_before = step.keepalive[-2], step.keepalive[-1]
         begin, end = step.forward_begin, step.materialized
         if begin.cuda_event is not None and end.cuda_event is not None:
             busy = begin.cuda_event.elapsed_time(end.cuda_event) / 1e3
             gap = None
-            if self._prev_end is not None and not idle_before:
+            if self._prev_end is not None and not step.after_idle:
                 gap = self._prev_end.cuda_event.elapsed_time(begin.cuda_event) / 1e3
         else:
             busy = end.host_time - begin.host_time
             gap = None
-            if self._prev_end is not None and not idle_before:
+            if self._prev_end is not None and not step.after_idle:
                 gap = max(0.0, begin.host_time - self._prev_end.host_time)
         self._prev_end = end
         self._stats.add(
@@ -663,7 +661,7 @@ class Engine:
                 num_seqs=len(step.entries),
                 num_tokens=step.num_tokens,
                 num_decodes=step.num_decodes,
-                depth_in_use=depth_in_use,
+                depth_in_use=step.depth_in_use,
                 device_busy_s=busy,
                 device_gap_s=gap,
                 plan_s=step.plan_s,

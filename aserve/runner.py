@@ -65,6 +65,8 @@ class Step:
     plan_s: float = 0.0
     launch_s: float = 0.0
     outputs: StepOutputs | None = None
+    depth_in_use: int = 0  # pipeline slots held when it was launched
+    after_idle: bool = True  # the device had nothing queued before it (no idle gap to report)
     debug_pages: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))  # (read, written), debug
     # Device tensors and host buffers that must outlive the device's use of them.
     keepalive: list[Any] = field(default_factory=list)
@@ -142,7 +144,9 @@ class ModelRunner:
         decode_rows: list[int] = []
         decode_gens: list[int] = []
         sample_mask: list[bool] = []
-        pending: list[tuple[int, int]] = []  # (batch row, column in output_tokens) filled on the device
+        positions: list[int] = []
+        # (batch row, column in output_tokens, index among decodes): filled on the device
+        pending: list[tuple[int, int, int]] = []
         params, seeds, steps, prompts, outputs = [], [], [], [], []
         for i, s in enumerate(plan.seqs):
             rows.append(s.row)
@@ -153,7 +157,9 @@ class ModelRunner:
             # Cached prefix slots (first step after a cache hit) and the new tokens' slots.
             table_rows.extend([s.row] * (len(s.prefix_slots) + s.extend_len))
             table_cols.extend(range(len(s.prefix_slots)))
-            table_cols.extend(range(s.prefix_len, s.prefix_len + s.extend_len))
+            new_positions = range(s.prefix_len, s.prefix_len + s.extend_len)
+            table_cols.extend(new_positions)
+            positions.extend(new_positions)
             table_slots.extend(s.prefix_slots)
             table_slots.extend(s.slots)
             if s.input_ids is None:
@@ -171,10 +177,9 @@ class ModelRunner:
             prompts.append(req.prompt_ids)
             out = list(req.output_ids)
             if s.pending_output:
-                pending.append((i, len(out)))
+                pending.append((i, len(out), len(decode_rows) - 1))
                 out.append(0)  # placeholder, replaced by the FutureMap value on the device
             outputs.append(out)
-        positions = [p for s in plan.seqs for p in range(s.prefix_len, s.prefix_len + s.extend_len)]
         logits_idx: list[int] = []
         acc = 0
         for e in extend:
@@ -197,9 +202,9 @@ class ModelRunner:
             "decode_rows": torch.tensor(decode_rows, dtype=i64),
             "decode_gens": torch.tensor(decode_gens, dtype=i64),
             "sample_idx": torch.tensor([i for i, m in enumerate(sample_mask) if m], dtype=i64),
-            "pending_b": torch.tensor([b for b, _ in pending], dtype=i64),
-            "pending_c": torch.tensor([c for _, c in pending], dtype=i64),
-            "pending_decode": torch.tensor([decode_rows.index(plan.seqs[b].row) for b, _ in pending], dtype=i64),
+            "pending_b": torch.tensor([b for b, _, _ in pending], dtype=i64),
+            "pending_c": torch.tensor([c for _, c, _ in pending], dtype=i64),
+            "pending_decode": torch.tensor([d for _, _, d in pending], dtype=i64),
             "prefix_cpu": prefix,
             "extend_cpu": extend,
             "all_decode": all(s.input_ids is None for s in plan.seqs),

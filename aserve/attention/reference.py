@@ -72,6 +72,14 @@ def padded_layout(meta: AttentionMetadata, sliding_window: int | None) -> Padded
     return layout
 
 
+def write_kv(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+) -> None:
+    """Store the new tokens' K/V ([T, Hkv, D]) at their slots; every backend does this first."""
+    k_cache[meta.out_cache_loc] = k.to(k_cache.dtype)
+    v_cache[meta.out_cache_loc] = v.to(v_cache.dtype)
+
+
 def paged_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -90,8 +98,7 @@ def paged_attention(
     _, num_heads, head_dim = q.shape
     num_kv_heads = k.shape[1]
     assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
-    k_cache[meta.out_cache_loc] = k.to(k_cache.dtype)
-    v_cache[meta.out_cache_loc] = v.to(v_cache.dtype)
+    write_kv(k, v, k_cache, v_cache, meta)
     lay = padded_layout(meta, sliding_window)
     bsz, max_q = lay.q_index.shape
     qp = q[lay.q_index].transpose(1, 2)  # [B, H, maxQ, D]

@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from aserve.attention.metadata import AttentionMetadata
+from aserve.attention.reference import write_kv
 
 _NEG = -1.0e30  # finite "minus infinity": a fully masked row stays NaN-free
 
@@ -189,8 +190,7 @@ def paged_attention_triton(
 ) -> torch.Tensor:
     """Same contract as ``reference.paged_attention`` (without soft-capping). Returns [T, H, D]."""
     assert q.shape[2] in (16, 32, 64, 128, 256), f"head_dim {q.shape[2]} is not supported by the Triton kernels"
-    k_cache[meta.out_cache_loc] = k.to(k_cache.dtype)
-    v_cache[meta.out_cache_loc] = v.to(v_cache.dtype)
+    write_kv(k, v, k_cache, v_cache, meta)
     q = q.contiguous()
     if all(e == 1 for e in meta.extend_lens_cpu):
         return _decode(q, k_cache, v_cache, meta, scale, sliding_window)

@@ -109,9 +109,9 @@ class PageAllocator:
 class KVPool:
     """Everything a request holds in KV memory, in one place.
 
-    ``table_host`` mirrors the request-to-token table on the host; the device copy is
-    updated inside each step (on the device's stream), so the host can plan step n+1 while
-    step n still reads the table.
+    Slots are computed on the host from each request's page list; the request-to-token
+    table lives on the device only and is written inside each step (on the device's
+    stream), so the host can plan step n+1 while step n still reads the table.
     """
 
     def __init__(
@@ -137,7 +137,6 @@ class KVPool:
             )
             for _ in range(config.num_layers)
         ]
-        self.table_host = torch.zeros(num_rows, max_context, dtype=torch.int64)
         self.table_device = torch.zeros(num_rows, max_context, dtype=torch.int64, device=device)
         self.pad_slot = num_slots
 
@@ -152,8 +151,8 @@ class KVPool:
     def pages_needed(self, allocated_pages: int, new_len: int) -> int:
         return max(0, -(-new_len // self.page_size) - allocated_pages)
 
-    def grow(self, row: int, page_list: list[int], old_len: int, new_len: int) -> list[int] | None:
-        """Make positions ``[old_len, new_len)`` of ``row`` addressable.
+    def grow(self, page_list: list[int], old_len: int, new_len: int) -> list[int] | None:
+        """Make positions ``[old_len, new_len)`` of a request addressable.
 
         Allocates pages into ``page_list`` as needed and returns the new slots, or None (and
         allocates nothing) when the pool is short.
@@ -166,14 +165,7 @@ class KVPool:
                 return None
             page_list.extend(got)
         ps = self.page_size
-        slots = [page_list[pos // ps] * ps + pos % ps for pos in range(old_len, new_len)]
-        if slots:
-            self.table_host[row, old_len:new_len] = torch.tensor(slots, dtype=torch.int64)
-        return slots
-
-    def release(self, page_list: list[int]) -> None:
-        self.pages.free(page_list)
-        page_list.clear()
+        return [page_list[pos // ps] * ps + pos % ps for pos in range(old_len, new_len)]
 
     def ledger(self, cached_pages: int = 0) -> LedgerView:
         return LedgerView(

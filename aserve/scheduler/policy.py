@@ -86,10 +86,6 @@ class Scheduler:
         req.fill_ids = list(req.prompt_ids)
         self.waiting.append(req)
 
-    @property
-    def num_unfinished(self) -> int:
-        return len(self.waiting) + sum(1 for r in self.running if not r.resources_freed)
-
     def release_if_done(self, req: Req) -> bool:
         """Free a finished or aborted request's KV and row once no step in flight reads them.
 
@@ -233,7 +229,7 @@ class Scheduler:
 
     def _plan_decode(self, r: Req) -> SeqPlan:
         assert r.row is not None
-        slots = self.pool.grow(r.row, r.pages, r.num_computed, r.num_computed + 1)
+        slots = self.pool.grow(r.pages, r.num_computed, r.num_computed + 1)
         assert slots is not None, "pages were counted before planning decodes"
         pending = r.lookahead > 0
         assert r.lookahead <= 1, f"look-ahead must be at most one step, got {r.lookahead} for {r.rid}"
@@ -290,7 +286,7 @@ class Scheduler:
             n = min(n, cap)
             if n <= 0:
                 return None
-        slots = self.pool.grow(r.row, r.pages, start, start + n)
+        slots = self.pool.grow(r.pages, start, start + n)
         assert slots is not None
         last = start + n == len(r.fill_ids)
         plan = SeqPlan(

@@ -51,12 +51,8 @@ class PrefixCache:
         self.tree.lock(m.node)
         req.cache_node = m.node
         req.pages = list(m.pages)
-        n = m.num_pages * self.pool.page_size
-        req.num_computed = n
-        assert req.row is not None
-        slots = [p * self.pool.page_size + i for p in m.pages for i in range(self.pool.page_size)]
-        self.pool.table_host[req.row, :n] = self.pool.table_host.new_tensor(slots)
-        return slots
+        req.num_computed = m.num_pages * self.pool.page_size
+        return [p * self.pool.page_size + i for p in m.pages for i in range(self.pool.page_size)]
 
     def publish(self, req: Req, kv_end: int) -> None:
         """Insert the first ``kv_end`` tokens' committed KV (page-aligned) and keep it locked."""

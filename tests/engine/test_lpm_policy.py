@@ -91,6 +91,6 @@ def _seed_req(sched: Scheduler, tokens: list[int]) -> Req:
     """A request that 'computed' ``tokens`` so its pages can be published into the tree."""
     r = _req("seed", tokens)
     r.row = sched.pool.rows.alloc()
-    sched.pool.grow(r.row, r.pages, 0, len(tokens))
+    sched.pool.grow(r.pages, 0, len(tokens))
     r.num_computed = len(tokens)
     return r
