@@ -41,7 +41,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
                 help="do not reuse the KV of shared prefixes",
             )
             continue
-        if typ is bool:
+        if f.name == "cuda_graph":  # --disable-cuda-graph, as in SGLang; --cuda-graph forces it on
+            group.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false", default=None,
+                               help="run decode steps eagerly (default: CUDA graphs on CUDA)")  # fmt: skip
+            group.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None)
+            continue
+        if typ is bool or _base_type(typ) is bool:  # bool | None: unset means "auto"
             group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)
             continue
         base = _base_type(typ)
@@ -59,7 +64,7 @@ def _base_type(typ: Any) -> Any:
     if get_origin(typ) in (Union, types.UnionType):
         args = [a for a in get_args(typ) if a is not type(None)]
         return _base_type(args[0])
-    if typ in (int, float, str):
+    if typ in (bool, int, float, str):
         return typ
     return str
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
@@ -21,13 +22,15 @@ class EngineConfig:
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: float32 on CPU, bfloat16 on GPU
     overlap: bool = True  # pipeline depth 2; False runs the same code at depth 1
     radix_cache: bool = True  # reuse the KV of shared prefixes (--disable-radix-cache)
-    # "torch": the reference path (padded SDPA). "triton": aserve/attention/triton_paged.py
-    # (checked against the reference; not yet the default until measured on the GPU).
-    attention_backend: Literal["torch", "triton"] = "torch"
-    fused_ops: bool = False  # Triton RMSNorm / rotary / gated activation (aserve/kernels/fused.py)
-    # Decode steps from CUDA graphs (needs attention_backend="triton"); on a CPU the same
-    # static-buffer path runs uncaptured. Off until measured on the GPU (issue 6).
-    cuda_graph: bool = False
+    # "torch": the reference path (padded SDPA). "triton": aserve/attention/triton_paged.py.
+    # "auto": Triton on CUDA (when triton is installed), the reference on a CPU.
+    attention_backend: Literal["auto", "torch", "triton"] = "auto"
+    # Triton RMSNorm (+ residual) / rotary / gated activation (aserve/kernels/fused.py);
+    # None: on with CUDA and triton, off on a CPU.
+    fused_ops: bool | None = None
+    # Decode steps replayed from CUDA graphs (needs the Triton attention); None: on with CUDA
+    # and triton (--disable-cuda-graph). On a CPU, True runs the same static-buffer path uncaptured.
+    cuda_graph: bool | None = None
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"  # lpm: longest cached prefix first (long queues)
     page_size: int = 16
     kv_cache_bytes: int | None = None  # KV budget in bytes; None derives it from mem_fraction
@@ -54,7 +57,7 @@ class EngineConfig:
             raise InvalidRequestError("page_size must be >= 1", param="page_size")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise InvalidRequestError("mem_fraction must be in (0, 1]", param="mem_fraction")
-        if self.cuda_graph and self.attention_backend != "triton":
+        if self.cuda_graph and self.resolved_attention_backend != "triton":
             raise InvalidRequestError("cuda_graph needs attention_backend='triton'", param="cuda_graph")
         if self.max_num_batched_tokens < 1 or self.max_running_requests < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_running_requests must be >= 1")
@@ -68,6 +71,29 @@ class EngineConfig:
         if self.device is not None:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    @property
+    def resolved_attention_backend(self) -> Literal["torch", "triton"]:
+        if self.attention_backend != "auto":
+            return self.attention_backend
+        return "triton" if self._fast_path_available else "torch"
+
+    @property
+    def use_fused_ops(self) -> bool:
+        return self._fast_path_available if self.fused_ops is None else self.fused_ops
+
+    @property
+    def use_cuda_graph(self) -> bool:
+        if self.cuda_graph is not None:
+            return self.cuda_graph
+        return self._fast_path_available and self.resolved_attention_backend == "triton"
+
+    @property
+    def _fast_path_available(self) -> bool:
+        """CUDA with triton importable: the Triton kernels and CUDA graphs are the defaults."""
+        if self.torch_device.type != "cuda":
+            return False
+        return importlib.util.find_spec("triton") is not None
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -2,8 +2,8 @@
 
 A decode-only step's model forward has a fixed shape once the batch is padded to the next
 size of a ladder (1, 2, 4, ..., max): the inputs live in static buffers, the attention is
-the Triton decode kernel with a fixed number of context splits (``max_context``), padded
-rows have ``seq_len == 0`` (they read no key) and write their K/V to the pool's pad slot.
+the Triton decode kernel, whose grid depends only on the padded batch size (each program
+covers a fixed fraction of its sequence's real length), padded rows have ``seq_len == 0`` (they read no key) and write their K/V to the pool's pad slot.
 Replaying the captured forward costs one launch instead of hundreds.
 
 On a CPU there is nothing to capture: the same static-buffer path runs directly, which is
@@ -73,7 +73,6 @@ class DecodeGraphs:
             prefix_lens_cpu=[0] * b,
             extend_lens_cpu=[1] * b,
             backend="triton",
-            static_max_len=self.pool.max_context,
         )
         return s
 

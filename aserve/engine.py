@@ -139,8 +139,10 @@ class Engine:
             self.future_map,
             self._cpu_stream,
             self._cuda_waiter,
-            cfg.attention_backend,
-            DecodeGraphs(parts.model, parts.pool, parts.device, cfg.max_running_requests) if cfg.cuda_graph else None,
+            cfg.resolved_attention_backend,
+            DecodeGraphs(parts.model, parts.pool, parts.device, cfg.max_running_requests)
+            if cfg.use_cuda_graph
+            else None,
         )
         if self.runner.decode_graphs is not None and parts.device.type == "cuda":
             self.runner.decode_graphs.capture(self.runner.forward_stream)
@@ -164,8 +166,14 @@ class Engine:
             device=str(parts.device),
             dtype=str(parts.dtype).removeprefix("torch."),
             kv_tokens=parts.pool.total_tokens,
+            kv_gib=round(parts.pool.total_tokens * parts.pool.bytes_per_token() / 2**30, 2),
             max_context=parts.pool.max_context,
+            full_context_requests=parts.pool.total_tokens // parts.pool.max_context,
+            max_running_requests=cfg.max_running_requests,
             overlap=cfg.overlap,
+            attention=cfg.resolved_attention_backend,
+            fused_ops=cfg.use_fused_ops,
+            cuda_graph=cfg.use_cuda_graph,
             load_s=round(parts.load_s, 2),
         )
         if cfg.warmup:
@@ -249,6 +257,9 @@ class Engine:
             "max_running_requests": self.config.max_running_requests,
             "full_context_requests_that_fit": pool.total_tokens // pool.max_context,
             "overlap": self.config.overlap,
+            "attention_backend": self.config.resolved_attention_backend,
+            "fused_ops": self.config.use_fused_ops,
+            "cuda_graph": self.config.use_cuda_graph,
             "load_s": round(parts.load_s, 2),
         }
 

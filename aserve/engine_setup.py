@@ -70,7 +70,7 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InvalidRequestError("device 'cuda' was asked for but CUDA is not available; use device='cpu'")
     model_config, model, path = load_model(cfg.model, dtype, device, progress=_Progress("loading weights"))
-    if cfg.fused_ops:
+    if cfg.use_fused_ops:
         from aserve.models.layers import set_fused_ops
 
         set_fused_ops(model, True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import shutil
@@ -112,7 +113,9 @@ async def _run_batch(engine: aserve.Engine, prompts: list[list[int]], params: as
     return out
 
 
-def check_parity(shape: str, root: Path, tok_dir: Path, device: str, max_new: int) -> dict[str, Any]:
+def check_parity(
+    shape: str, root: Path, tok_dir: Path, device: str, max_new: int, opts: dict[str, Any]
+) -> dict[str, Any]:
     path, hf = build_checkpoint(shape, root, tok_dir)
     hf = hf.to(device=device, dtype=torch.float32)
     hf.config._attn_implementation = "sdpa"
@@ -130,7 +133,7 @@ def check_parity(shape: str, root: Path, tok_dir: Path, device: str, max_new: in
 
     async def run() -> list[Any]:
         async with aserve.Engine(model=str(path), device=device, dtype="float32", warmup=False,
-                                 kv_cache_bytes=2**30, max_context=512) as engine:  # fmt: skip
+                                 kv_cache_bytes=2**30, max_context=512, **opts) as engine:  # fmt: skip
             return await _run_batch(engine, prompts, params)
 
     res = anyio.run(run)
@@ -144,7 +147,7 @@ def check_parity(shape: str, root: Path, tok_dir: Path, device: str, max_new: in
 
 def run_throughput(
     shape: str, root: Path, tok_dir: Path, device: str, dtype: str, n: int, prompt_len: int, out_len: int,
-    overlap: bool, max_running: int,
+    overlap: bool, max_running: int, opts: dict[str, Any],
 ) -> dict[str, Any]:  # fmt: skip
     path = root / shape
     if not (path / "config.json").exists():
@@ -156,7 +159,7 @@ def run_throughput(
     async def run() -> dict[str, Any]:
         async with aserve.Engine(model=str(path), device=device, dtype=dtype, overlap=overlap,
                                  max_running_requests=max_running, max_context=prompt_len + out_len + 8,
-                                 max_num_batched_tokens=8192, kv_cache_bytes=8 * 2**30) as engine:  # fmt: skip
+                                 max_num_batched_tokens=8192, kv_cache_bytes=8 * 2**30, **opts) as engine:  # fmt: skip
             engine.reset_stats()
             t0 = time.perf_counter()
             res = await _run_batch(engine, prompts, params)
@@ -176,7 +179,7 @@ def run_throughput(
             return statistics.median(xs) if xs else None
 
         return {
-            "shape": shape, "dtype": dtype, "overlap": overlap, "requests": n, "prompt_len": prompt_len,
+            "shape": shape, "dtype": dtype, "overlap": overlap, "opts": opts, "requests": n, "prompt_len": prompt_len,
             "output_len": out_len, "wall_s": wall, "output_tokens": out_tokens, "output_tok_s": out_tokens / wall,
             "steps": st.num_steps, "median_decode_gap_us": statistics.median(gaps) * 1e6 if gaps else None,
             "p90_decode_gap_us": sorted(gaps)[int(0.9 * (len(gaps) - 1))] * 1e6 if gaps else None,
@@ -266,7 +269,7 @@ def bench_wakeup(waits: int = 40, sleep_cycles: int = 2_000_000) -> list[dict[st
     return out
 
 
-def profile_host(shape: str, root: Path, tok_dir: Path, device: str, dtype: str) -> str:
+def profile_host(shape: str, root: Path, tok_dir: Path, device: str, dtype: str, opts: dict[str, Any]) -> str:
     """cProfile of the event-loop thread during a decode-heavy run: where host time goes."""
     import cProfile
     import io
@@ -274,7 +277,7 @@ def profile_host(shape: str, root: Path, tok_dir: Path, device: str, dtype: str)
 
     prof = cProfile.Profile()
     prof.enable()
-    run_throughput(shape, root, tok_dir, device, dtype, 64, 128, 96, True, 256)
+    run_throughput(shape, root, tok_dir, device, dtype, 64, 128, 96, True, 256, opts)
     prof.disable()
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
@@ -293,11 +296,21 @@ def main() -> None:
         default="wake,parity,bf16,w2",
         help="comma list of: wake, parity, bf16, w2, copy, w1, floor, w3, profile",
     )
-    ap.add_argument("--attention-backend", default="torch", choices=["torch", "triton"])
+    ap.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
+    ap.add_argument(
+        "--engine-opt",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra aserve.Engine option for every aserve run, e.g. cuda_graph=true (repeatable)",
+    )
     ap.add_argument("--w1-requests", type=int, default=1000)
     ap.add_argument("--w1-peer-requests", type=int, default=100, help="transformers runs this many of the W1 requests")
     args = ap.parse_args()
     only = set(args.only.split(","))
+    if args.device == "cpu":
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton kernels run in the interpreter there
+    opts: dict[str, Any] = {"attention_backend": args.attention_backend, **gw.parse_engine_opts(args.engine_opt)}
     root, tok = Path(args.work_dir), Path(args.tokenizer_dir)
     g, ll = ("tiny-gemma3", "tiny-llama") if args.tiny else ("gemma3-270m", "llama3.2-1b")
     bf16 = "bfloat16" if args.device == "cuda" else "float32"
@@ -305,7 +318,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": args.device, "torch": torch.__version__,
         "python": platform.python_version(),
         "gpu": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor(),
-        "driver": _driver(), "aserve": aserve.__version__,
+        "driver": _driver(), "aserve": aserve.__version__, "engine_opts": opts,
     }  # fmt: skip
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 parity must be float32
@@ -313,21 +326,21 @@ def main() -> None:
         results["wake"] = bench_wakeup()
         print(json.dumps(results["wake"]), flush=True)
     if "parity" in only:
-        results["parity"] = [check_parity(s, root, tok, args.device, 16 if args.tiny else 24) for s in (g, ll)]
+        results["parity"] = [check_parity(s, root, tok, args.device, 16 if args.tiny else 24, opts) for s in (g, ll)]
         print(json.dumps(results["parity"]), flush=True)
     if "bf16" in only:
         results["bf16"] = [
-            run_throughput(s, root, tok, args.device, bf16, 8 if args.tiny else 32, 64, 16 if args.tiny else 128, True, 256)
+            run_throughput(s, root, tok, args.device, bf16, 8 if args.tiny else 32, 64, 16 if args.tiny else 128, True, 256, opts)
             for s in (g, ll)
         ]  # fmt: skip
         print(json.dumps(results["bf16"]), flush=True)
     if "w2" in only:
         n, plen, olen = (8, 32, 48) if args.tiny else (64, 128, 1024)
         results["w2"] = [
-            run_throughput(g, root, tok, args.device, bf16, n, plen, olen, ov, 256) for ov in (True, False, True, False)
+            run_throughput(g, root, tok, args.device, bf16, n, plen, olen, ov, 256, opts)
+            for ov in (True, False, True, False)
         ]
         print(json.dumps(results["w2"]), flush=True)
-    backend = args.attention_backend
     if "copy" in only or "floor" in only:
         results["copy_bytes_per_s"] = gw.copy_bandwidth(args.device, nbytes=2**24 if args.tiny else 2 * 2**30)
         print(f"copy bandwidth (read + write): {results['copy_bytes_per_s'] / 1e12:.3f} TB/s", flush=True)
@@ -339,7 +352,7 @@ def main() -> None:
                 build_checkpoint(shape, root, tok)
             lo, hi = (8, 24) if args.tiny else (128, 1024)
             reqs = gw.w1_requests(args.w1_requests, lo, hi, SHAPES[shape]["vocab_size"], seed=4)
-            ours = gw.w1_aserve(path, reqs, args.device, bf16, backend)
+            ours = gw.w1_aserve(path, reqs, args.device, bf16, opts)
             peer_reqs = reqs[: args.w1_peer_requests]
             _, hf = build_checkpoint(shape, root / "peer", tok)  # same seed: the same weights
             hf = hf.to(device=args.device, dtype=getattr(torch, bf16))
@@ -361,7 +374,7 @@ def main() -> None:
         batch, ctx = (8, 64) if args.tiny else (256, 1024)
         spec = {k: v for k, v in SHAPES[shape].items() if k != "arch"}
         floor = gw.decode_floor(spec, batch, ctx, results["copy_bytes_per_s"], 4 if bf16 == "float32" else 2)
-        step = gw.decode_step_time(path, batch, ctx, args.device, bf16, backend)
+        step = gw.decode_step_time(path, batch, ctx, args.device, bf16, opts)
         results["floor"] = {"shape": shape, "batch": batch, "context": ctx, "floor_ms": floor * 1e3,
                             "step_ms": step * 1e3, "step_over_floor": step / floor}  # fmt: skip
         print(json.dumps(results["floor"]), flush=True)
@@ -373,10 +386,10 @@ def main() -> None:
         out_dir.mkdir(parents=True, exist_ok=True)
         rates = [2.0, 8.0, 32.0] if not args.tiny else [4.0, 16.0, 64.0]
         n, il, ol = (12, 8, 4) if args.tiny else (300, 256, 256)
-        results["w3"] = gw.w3_online(path, rates, n, il, ol, out_dir, ["--attention-backend", backend, "--dtype", bf16])
+        results["w3"] = gw.w3_online(path, rates, n, il, ol, out_dir, ["--dtype", bf16, *gw.cli_flags(opts)])
         print(json.dumps(results["w3"]), flush=True)
     if "profile" in only:
-        results["profile"] = profile_host(g, root, tok, args.device, bf16)
+        results["profile"] = profile_host(g, root, tok, args.device, bf16, opts)
         print(results["profile"][-6000:], flush=True)
     Path(args.out).write_text(json.dumps(results, indent=1))
     _table(results)

@@ -23,6 +23,40 @@ import torch
 import aserve
 
 
+def parse_engine_opts(items: list[str]) -> dict[str, Any]:
+    """``["cuda_graph=true", "max_running_requests=128"]`` -> engine keyword arguments."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine-opt wants KEY=VALUE, got {item!r}")
+        value: Any = raw
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            for conv in (int, float):
+                try:
+                    value = conv(raw)
+                    break
+                except ValueError:
+                    pass
+        out[key.strip()] = value
+    return out
+
+
+def cli_flags(opts: dict[str, Any]) -> list[str]:
+    """Engine keyword arguments -> ``aserve serve`` flags (``--cuda-graph``, ``--page-size 16``)."""
+    flags: list[str] = []
+    for key, value in opts.items():
+        if key in ("overlap", "radix_cache"):  # on by default; only a --disable-... flag exists
+            flags += [] if value else ["--disable-" + key.replace("_", "-")]
+        elif isinstance(value, bool):
+            flags.append(("--" if value else "--no-") + key.replace("_", "-"))
+        else:
+            flags += ["--" + key.replace("_", "-"), str(value)]
+    return flags
+
+
 def copy_bandwidth(device: str, nbytes: int = 2 * 2**30, reps: int = 20) -> float:
     """Device-to-device copy, bytes read + written per second (the memory roofline used below)."""
     n = nbytes // 2
@@ -56,12 +90,14 @@ def w1_requests(n: int, lo: int, hi: int, vocab: int, seed: int) -> list[tuple[l
     ]
 
 
-def w1_aserve(path: Path, reqs: list[tuple[list[int], int]], device: str, dtype: str, backend: str) -> dict[str, Any]:
+def w1_aserve(
+    path: Path, reqs: list[tuple[list[int], int]], device: str, dtype: str, opts: dict[str, Any]
+) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         ctx = max(len(p) + o for p, o in reqs) + 8
         async with aserve.Engine(
-            model=str(path), device=device, dtype=dtype, attention_backend=backend, max_context=ctx,
-            max_running_requests=256, max_num_batched_tokens=8192,
+            model=str(path), device=device, dtype=dtype, max_context=ctx,
+            max_running_requests=256, max_num_batched_tokens=8192, **opts,
         ) as engine:  # fmt: skip
             engine.reset_stats()
             t0 = time.perf_counter()
@@ -78,7 +114,7 @@ def w1_aserve(path: Path, reqs: list[tuple[list[int], int]], device: str, dtype:
                 for p, o in reqs:
                     tg.start_soon(one, p, o)
             wall = time.perf_counter() - t0
-        return {"engine": f"aserve ({backend})", "requests": len(reqs), "output_tokens": total, "wall_s": wall,
+        return {"engine": "aserve", "opts": opts, "requests": len(reqs), "output_tokens": total, "wall_s": wall,
                 "output_tok_s": total / wall}  # fmt: skip
 
     return anyio.run(run)
@@ -119,14 +155,14 @@ def decode_floor(shape_spec: dict[str, Any], batch: int, context: int, bandwidth
     return (weights + kv_bytes) / (bandwidth / 2)
 
 
-def decode_step_time(path: Path, batch: int, context: int, device: str, dtype: str, backend: str) -> float:
+def decode_step_time(path: Path, batch: int, context: int, device: str, dtype: str, opts: dict[str, Any]) -> float:
     """Median device span of a decode step with ``batch`` sequences near ``context`` tokens."""
     prompts = [[2] + [random.Random(i).randrange(10, 1000) for _ in range(context - 9)] for i in range(batch)]
 
     async def run() -> float:
         async with aserve.Engine(
-            model=str(path), device=device, dtype=dtype, attention_backend=backend, max_context=context + 8,
-            max_running_requests=batch, max_num_batched_tokens=16384,
+            model=str(path), device=device, dtype=dtype, max_context=context + 8,
+            max_running_requests=batch, max_num_batched_tokens=16384, **opts,
         ) as engine:  # fmt: skip
             engine.reset_stats()
             async with anyio.create_task_group() as tg:

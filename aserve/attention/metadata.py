@@ -31,8 +31,6 @@ class AttentionMetadata:
     # and reuse across layers; keyed by the backend's own keys (e.g. the sliding window).
     cache: dict[Any, Any] = field(default_factory=dict)
     backend: str = "torch"  # "torch" (reference) or "triton" (aserve/attention/triton_paged.py)
-    # Fixed upper bound on sequence length (decode graphs: the kernel grid must not depend on the step).
-    static_max_len: int | None = None
 
     @property
     def num_seqs(self) -> int:

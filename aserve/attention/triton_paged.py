@@ -28,7 +28,9 @@ import triton.language as tl
 from aserve.attention.metadata import AttentionMetadata
 from aserve.attention.reference import write_kv
 
-_NEG = -1.0e30  # finite "minus infinity": a fully masked row stays NaN-free
+_NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": a fully masked row stays NaN-free
+_TARGET_PROGRAMS = 512  # about four per SM on an H200 (132 SMs)
+_MAX_SPLITS = 32
 
 
 @triton.jit
@@ -36,18 +38,23 @@ def _decode_split_kernel(
     Q, K, V, Table, Rows, SeqLens, MidO, MidLse,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tr,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
-    scale, window, split_len,
-    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    scale, window,
+    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
     row = tl.load(Rows + b).to(tl.int64)
-    start = split * split_len
-    end = tl.minimum(start + split_len, seq_len)
+    lo = seq_len * 0
     if HAS_WINDOW:
-        start = tl.maximum(start, seq_len - window)  # keys with pos > q_pos - window, q_pos = seq_len - 1
+        lo = tl.maximum(lo, seq_len - window)  # keys with pos > q_pos - window, q_pos = seq_len - 1
+    # This sequence's live keys [lo, seq_len) are cut into NUM_SPLITS block-aligned pieces,
+    # so the work per program follows the real length (the grid is fixed for CUDA graphs).
+    per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    start = lo + split * per_split
+    end = tl.minimum(start + per_split, seq_len)
     g = tl.arange(0, BLOCK_G)
     heads = kvh * GROUP + g
     g_mask = g < GROUP
@@ -61,13 +68,13 @@ def _decode_split_kernel(
         k_mask = offs < end
         slots = tl.load(Table + row * stride_tr + offs, mask=k_mask, other=0).to(tl.int64)
         k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=k_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_G, BLOCK_N]
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [BLOCK_G, BLOCK_N]
         s = tl.where(k_mask[None, :], s, _NEG)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m_i - m_new)
         v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=k_mask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
     empty = l_i == 0.0
@@ -79,11 +86,29 @@ def _decode_split_kernel(
 
 
 @triton.jit
+def _decode_merge_kernel(
+    MidO, MidLse, Out, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """One (token, head): the splits' partial outputs weighted by exp(lse_s - max lse)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    s = tl.arange(0, NUM_SPLITS)
+    d = tl.arange(0, D)
+    lse = tl.load(MidLse + b * stride_lb + h * stride_lh + s)
+    w = tl.exp(lse - tl.max(lse, 0))  # empty splits: exp(-1e30 - max) = 0; all empty: out = 0
+    o = tl.load(MidO + b * stride_mb + h * stride_mh + s[:, None] * stride_ms + d[None, :])
+    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(Out + b * stride_ot + h * stride_oh + d, out.to(Out.dtype.element_ty))
+
+
+@triton.jit
 def _extend_kernel(
     Q, K, V, Out, Table, Rows, Prefix, Extend, QStart,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_tr,
     scale, window,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -114,7 +139,7 @@ def _extend_kernel(
             k_mask = offs < kv_end
             slots = tl.load(Table + row * stride_tr + offs, mask=k_mask, other=0).to(tl.int64)
             k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=k_mask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k)).to(tl.float32) * scale  # [BLOCK_M, BLOCK_N]
+            s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [BLOCK_M, BLOCK_N]
             allowed = k_mask[None, :] & (offs[None, :] <= q_pos[:, None])
             if HAS_WINDOW:
                 allowed = allowed & (offs[None, :] > q_pos[:, None] - window)
@@ -124,7 +149,7 @@ def _extend_kernel(
             p = tl.where(allowed, p, 0.0)
             alpha = tl.exp(m_i - m_new)
             v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=k_mask[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
             l_i = l_i * alpha + tl.sum(p, 1)
             m_i = m_new
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -132,16 +157,26 @@ def _extend_kernel(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_mask[:, None])
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-            scale: float, window: int | None, split_len: int = 256) -> torch.Tensor:  # fmt: skip
+def num_decode_splits(num_tokens: int, kv_heads: int) -> int:
+    """Context splits per (token, KV head): enough programs to fill the GPU (a power of two <= 32).
+
+    A function of the batch shape only, so a CUDA graph captured for a padded batch size
+    replays with the same grid whatever the sequences' lengths."""
+    want = triton.cdiv(_TARGET_PROGRAMS, max(1, num_tokens * kv_heads))
+    return min(_MAX_SPLITS, triton.next_power_of_2(want))
+
+
+def _precision(dtype: torch.dtype) -> str:
+    # float32 runs must be float32 (greedy parity with transformers); tf32 would round.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:  # fmt: skip
     t, h, d = q.shape
     hkv = k_cache.shape[1]
     group = h // hkv
-    if meta.static_max_len is not None:
-        max_len = meta.static_max_len
-    else:
-        max_len = max(p + e for p, e in zip(meta.prefix_lens_cpu, meta.extend_lens_cpu))
-    splits = triton.cdiv(max_len, split_len)
+    splits = num_decode_splits(t, hkv)
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
     table = meta.req_to_token
@@ -149,14 +184,16 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
         q, k_cache, v_cache, table, meta.req_pool_indices, meta.seq_lens, mid_o, mid_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        scale, window or 0, split_len,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=32, HAS_WINDOW=window is not None,
+        scale, window or 0,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=32, NUM_SPLITS=splits,
+        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype),
     )  # fmt: skip
-    # Merge the splits: weights exp(lse_s - max_s lse), all on the device.
-    lse_max = mid_lse.max(dim=-1, keepdim=True).values  # [T, H, 1]
-    w = torch.exp(mid_lse - lse_max)  # [T, H, S]
-    out = (mid_o * w[..., None]).sum(dim=2) / w.sum(dim=-1, keepdim=True)  # [T, H, D]
-    return out.to(q.dtype)
+    out = torch.empty_like(q)
+    _decode_merge_kernel[(t, h)](
+        mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
+        out.stride(0), out.stride(1), NUM_SPLITS=splits, D=d,
+    )  # fmt: skip
+    return out
 
 
 def _extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
@@ -174,6 +211,7 @@ def _extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
         out.stride(0), out.stride(1), table.stride(0),
         scale, window or 0,
         GROUP=h // hkv, D=d, BLOCK_M=block_m, BLOCK_N=32, HAS_WINDOW=window is not None,
+        PRECISION=_precision(q.dtype),
     )  # fmt: skip
     return out
 

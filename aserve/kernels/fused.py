@@ -1,5 +1,6 @@
-"""Fused small ops in Triton: RMSNorm (Llama and Gemma ``1 + w`` forms), rotary embedding,
-gated activations. Each replaces several eager kernels (and their Python launches) by one.
+"""Fused small ops in Triton: RMSNorm (Llama and Gemma ``1 + w`` forms), RMSNorm fused with
+the residual add (and, for Gemma's sandwich norms, with the sub-block's post-norm), rotary
+embedding, gated activations. Each replaces several eager kernels (and their Python launches) by one.
 
 They follow the torch definitions in ``aserve/models/layers.py``: statistics in float32;
 RMSNorm rounds where the model does (Gemma: once at the end; Llama: the normalised value is
@@ -43,6 +44,61 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> t
             x2, weight, y, x2.stride(0), y.stride(0), dim, eps, GEMMA=gemma, BLOCK=triton.next_power_of_2(dim)
         )
     return y.view(x.shape)
+
+
+@triton.jit
+def _norm_row(x, w, dim, eps, GEMMA: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """One row of RMSNorm in float32, rounded to ``OUT_DTYPE`` where the eager module rounds."""
+    rs = 1.0 / tl.sqrt(tl.sum(x * x, 0) / dim + eps)
+    if GEMMA:
+        y = x * rs * (1.0 + w.to(tl.float32))
+    else:
+        y = (x * rs).to(OUT_DTYPE).to(tl.float32) * w.to(tl.float32)
+    return y.to(OUT_DTYPE)
+
+
+@triton.jit
+def _add_rmsnorm_kernel(
+    X, R, WX, W, H, Y, stride_x, stride_r, stride_h, stride_y, dim, eps,
+    GEMMA: tl.constexpr, NORM_X: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    """h = residual + (norm_x(x) if NORM_X else x), rounded; y = norm(h). One row per program."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < dim
+    dt = H.dtype.element_ty
+    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if NORM_X:
+        wx = tl.load(WX + cols, mask=mask, other=0.0)
+        x = _norm_row(x, wx, dim, eps, GEMMA, dt).to(tl.float32)
+    r = tl.load(R + row * stride_r + cols, mask=mask, other=0.0).to(tl.float32)
+    h = (x + r).to(dt)
+    tl.store(H + row * stride_h + cols, h, mask=mask)
+    w = tl.load(W + cols, mask=mask, other=0.0)
+    y = _norm_row(h.to(tl.float32), w, dim, eps, GEMMA, dt)
+    tl.store(Y + row * stride_y + cols, y, mask=mask)
+
+
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool,
+    x_weight: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """``h = residual + x`` (Gemma: ``residual + norm_x(x)`` with ``x_weight``), ``y = norm(h)``.
+
+    x, residual: [T, dim] -> (h, y), both [T, dim] in x's dtype; one kernel instead of the
+    eager add and norm(s). Rounds where the eager modules do, so h is bit-identical to them."""
+    t, dim = x.shape
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    residual = residual if residual.stride(-1) == 1 else residual.contiguous()
+    h = torch.empty((t, dim), dtype=x.dtype, device=x.device)
+    y = torch.empty_like(h)
+    if t:
+        _add_rmsnorm_kernel[(t,)](
+            x, residual, weight if x_weight is None else x_weight, weight, h, y,
+            x.stride(0), residual.stride(0), h.stride(0), y.stride(0), dim, eps,
+            GEMMA=gemma, NORM_X=x_weight is not None, BLOCK=triton.next_power_of_2(dim),
+        )  # fmt: skip
+    return h, y
 
 
 @triton.jit

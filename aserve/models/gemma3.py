@@ -7,7 +7,16 @@ from torch import nn
 
 from aserve.attention.metadata import AttentionMetadata
 from aserve.models.config import ModelConfig
-from aserve.models.layers import GatedMLP, KVCache, PagedSelfAttention, RMSNorm, Rotary, check_kv_cache
+from aserve.models.layers import (
+    GatedMLP,
+    KVCache,
+    PagedSelfAttention,
+    RMSNorm,
+    Rotary,
+    add_norm,
+    check_kv_cache,
+    layer_input_norms,
+)
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -35,15 +44,17 @@ class Gemma3DecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,
+        x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         kv: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        # h: [T, hidden]; Gemma normalises both before and after each sub-block.
-        a = self.self_attn(self.input_layernorm(h), cos_sin, meta, kv)
-        h = h + self.post_attention_layernorm(a)
-        m = self.mlp(self.pre_feedforward_layernorm(h))
-        return h + self.post_feedforward_layernorm(m)
+        next_norm: RMSNorm,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # h: the residual stream [T, hidden]; x = input_layernorm(h). Gemma normalises both
+        # before and after each sub-block. Returns (h', next_norm(h')): the next layer's input.
+        a = self.self_attn(x, cos_sin, meta, kv)
+        h, x = add_norm(a, h, self.pre_feedforward_layernorm, x_norm=self.post_attention_layernorm)
+        return add_norm(self.mlp(x), h, next_norm, x_norm=self.post_feedforward_layernorm)
 
 
 class Gemma3Model(nn.Module):
@@ -75,9 +86,12 @@ class Gemma3ForCausalLM(nn.Module):
         h = h * torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(h.dtype)
         local = self.rope_local.cos_sin(meta.positions, h.dtype)
         glob = self.rope_global.cos_sin(meta.positions, h.dtype)
-        for layer, kv in zip(self.model.layers, kv_cache, strict=True):
-            h = layer(h, local if layer.sliding else glob, meta, kv)
-        h = self.model.norm(h[meta.logits_indices])  # [B, hidden]
+        layers = self.model.layers
+        norms = layer_input_norms(layers, self.model.norm)  # each layer's, then the final one
+        x = norms[0](h)
+        for layer, kv, next_norm in zip(layers, kv_cache, norms[1:], strict=True):
+            h, x = layer(h, x, local if layer.sliding else glob, meta, kv, next_norm)
+        h = x[meta.logits_indices]  # [B, hidden], after the final norm
         weight = self.lm_head.weight if self.lm_head is not None else emb.weight
         logits = (h @ weight.t()).float()  # [B, vocab]
         cap = self.config.final_logit_softcapping

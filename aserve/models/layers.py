@@ -6,6 +6,7 @@ Parameter names mirror Hugging Face transformers so checkpoints map one to one.
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,25 @@ class RMSNorm(nn.Module):
         if self.gemma:
             return (xf * (1.0 + self.weight.float())).type_as(x)
         return self.weight * xf.to(x.dtype)
+
+
+def add_norm(
+    x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, x_norm: RMSNorm | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual add and the next norm: ``h = residual + x`` (``residual + x_norm(x)`` for
+    Gemma's sandwich norms), returns ``(h, norm(h))``. One Triton kernel when fused."""
+    if norm.fused:
+        from aserve.kernels.fused import add_rmsnorm
+
+        assert x_norm is None or x_norm.eps == norm.eps
+        return add_rmsnorm(x, residual, norm.weight, norm.eps, norm.gemma, None if x_norm is None else x_norm.weight)
+    h = residual + (x if x_norm is None else x_norm(x))
+    return h, norm(h)
+
+
+def layer_input_norms(layers: nn.ModuleList, final: RMSNorm) -> list[RMSNorm]:
+    """Each decoder layer's ``input_layernorm`` followed by the model's final norm."""
+    return [*(cast(RMSNorm, layer.input_layernorm) for layer in layers), final]
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:

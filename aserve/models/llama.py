@@ -7,7 +7,16 @@ from torch import nn
 
 from aserve.attention.metadata import AttentionMetadata
 from aserve.models.config import ModelConfig
-from aserve.models.layers import GatedMLP, KVCache, PagedSelfAttention, RMSNorm, Rotary, check_kv_cache
+from aserve.models.layers import (
+    GatedMLP,
+    KVCache,
+    PagedSelfAttention,
+    RMSNorm,
+    Rotary,
+    add_norm,
+    check_kv_cache,
+    layer_input_norms,
+)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -31,13 +40,16 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         h: torch.Tensor,
+        x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         kv: tuple[torch.Tensor, torch.Tensor],
-    ) -> torch.Tensor:
-        # h: [T, hidden]; pre-norm residual blocks.
-        h = h + self.self_attn(self.input_layernorm(h), cos_sin, meta, kv)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        next_norm: RMSNorm,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # h: the residual stream [T, hidden]; x = input_layernorm(h); pre-norm residual
+        # blocks. Returns (h', next_norm(h')): the next layer's input.
+        h, x = add_norm(self.self_attn(x, cos_sin, meta, kv), h, self.post_attention_layernorm)
+        return add_norm(self.mlp(x), h, next_norm)
 
 
 class LlamaModel(nn.Module):
@@ -64,9 +76,12 @@ class LlamaForCausalLM(nn.Module):
         emb = self.model.embed_tokens
         h = emb(input_ids)  # [T, hidden]
         cos_sin = self.rope.cos_sin(meta.positions, h.dtype)
-        for layer, kv in zip(self.model.layers, kv_cache, strict=True):
-            h = layer(h, cos_sin, meta, kv)
-        h = self.model.norm(h[meta.logits_indices])  # [B, hidden]
+        layers = self.model.layers
+        norms = layer_input_norms(layers, self.model.norm)  # each layer's, then the final one
+        x = norms[0](h)
+        for layer, kv, next_norm in zip(layers, kv_cache, norms[1:], strict=True):
+            h, x = layer(h, x, cos_sin, meta, kv, next_norm)
+        h = x[meta.logits_indices]  # [B, hidden], after the final norm
         weight = self.lm_head.weight if self.lm_head is not None else emb.weight
         logits = (h @ weight.t()).float()  # [B, vocab]
         cap = self.config.final_logit_softcapping

@@ -65,14 +65,55 @@ def test_extend_mixed_batch_matches_reference(heads: int, kv_heads: int, dim: in
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
-def test_poisoned_output_is_fully_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The extend kernel writes every element: its output buffer starts as NaN here."""
+@pytest.mark.parametrize("extend", [[20, 13], [1, 1, 1]], ids=["extend", "decode"])
+def test_poisoned_output_is_fully_written(monkeypatch: pytest.MonkeyPatch, extend: list[int]) -> None:
+    """Both kernels write every element: their output (and split) buffers start as NaN here."""
     import aserve.attention.triton_paged as tp
 
-    def poisoned(x: torch.Tensor) -> torch.Tensor:
+    real_empty = torch.empty
+
+    def poisoned_like(x: torch.Tensor) -> torch.Tensor:
         return torch.full_like(x, float("nan"))
 
-    monkeypatch.setattr(tp.torch, "empty_like", poisoned)
-    out, ref, _ = _case(3, 4, 2, 32, [3, 0], [20, 13], None)
+    def poisoned(*shape: int, **kw: object) -> torch.Tensor:
+        return real_empty(*shape, **kw).fill_(float("nan"))  # type: ignore[arg-type]
+
+    monkeypatch.setattr(tp.torch, "empty_like", poisoned_like)
+    monkeypatch.setattr(tp.torch, "empty", poisoned)
+    out, ref, _ = _case(3, 4, 2, 32, [3, 0, 60][: len(extend)], extend, None)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="long random cases need the GPU")
+@pytest.mark.parametrize("seed", range(8))
+def test_random_long_cases_bfloat16(seed: int) -> None:
+    """Random batch, lengths up to 4k keys, head shapes of the target models, bf16 vs the
+    reference run in float32 on the same bf16 values; decode batches and mixed extends."""
+    rng = random.Random(seed)
+    heads, kv_heads, dim, window = rng.choice([(4, 1, 256, 512), (4, 1, 256, None), (32, 8, 64, None),
+                                               (16, 2, 128, None), (8, 8, 64, 100)])  # fmt: skip
+    batch = rng.randint(1, 96)
+    decode = seed % 2 == 0
+    prefix = [rng.randint(0, 4000) for _ in range(batch)]
+    extend = [1] * batch if decode else [rng.randint(1, 300) for _ in range(batch)]
+    if not decode:
+        prefix = [p % 1500 for p in prefix]
+    cols = max(p + e for p, e in zip(prefix, extend))
+    g = torch.Generator().manual_seed(seed)
+    slots_total = batch * cols
+    table = torch.randperm(slots_total, generator=g).view(batch, cols).to(DEVICE)
+    rows = list(range(batch))
+    t = sum(extend)
+    bf = torch.bfloat16
+    q, k, v = (torch.randn(t, n, dim, generator=g).to(DEVICE, bf) for n in (heads, kv_heads, kv_heads))
+    kc = torch.randn(slots_total + 1, kv_heads, dim, generator=g).to(DEVICE, bf)
+    vc = torch.randn(slots_total + 1, kv_heads, dim, generator=g).to(DEVICE, bf)
+    ref = paged_attention(q.float(), k.float(), v.float(), kc.float(), vc.float(),
+                          build_metadata(table, rows, prefix, extend, DEVICE), dim**-0.5, window)  # fmt: skip
+    out = paged_attention_triton(
+        q, k, v, kc, vc, build_metadata(table, rows, prefix, extend, DEVICE), dim**-0.5, window
+    )
+    assert out.dtype == bf and torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)

@@ -18,6 +18,9 @@ from tests.tiny import hf_greedy
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 
+EAGER = {"attention_backend": "torch", "fused_ops": False, "cuda_graph": False}
+
+
 def _prompts(n: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[1] + [rng.randrange(3, 384) for _ in range(rng.choice([3, 17, 40]))] for _ in range(n)]
@@ -26,11 +29,12 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 @pytest.mark.parametrize(
     "opts",
     [
-        {"attention_backend": "torch"},
-        {"attention_backend": "triton"},
-        {"attention_backend": "triton", "fused_ops": True},
-        {"attention_backend": "triton", "fused_ops": True, "cuda_graph": True},
+        EAGER,
+        {"attention_backend": "triton", "fused_ops": False, "cuda_graph": False},
+        {"attention_backend": "triton", "fused_ops": True, "cuda_graph": False},
+        {},  # the CUDA defaults: Triton attention, fused ops, CUDA graphs
     ],
+    ids=["torch-eager", "triton", "triton-fused", "defaults"],
 )
 @pytest.mark.parametrize("model", ["tiny_gemma", "tiny_llama"])
 def test_float32_greedy_matches_transformers_on_cuda(
@@ -52,7 +56,7 @@ def test_float32_greedy_matches_transformers_on_cuda(
             async with anyio.create_task_group() as tg:
                 for i in range(len(prompts)):
                     tg.start_soon(one, i)
-            if opts.get("cuda_graph"):
+            if engine.config.use_cuda_graph:
                 assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
             return [out[i] for i in range(len(prompts))]
 
@@ -69,7 +73,7 @@ class _NoTF32:
         torch.backends.cuda.matmul.allow_tf32 = self.prev
 
 
-@pytest.mark.parametrize("opts", [{}, {"attention_backend": "triton", "fused_ops": True, "cuda_graph": True}])
+@pytest.mark.parametrize("opts", [EAGER, {}], ids=["torch-eager", "defaults"])
 def test_no_host_device_sync_while_serving(tiny_llama: tuple[Path, Any], opts: dict[str, Any]) -> None:
     """Plan, launch and commit never wait on the device: CUDA's sync debug mode raises on
     any synchronising call made while requests run (start-up and shutdown are outside)."""
@@ -90,3 +94,30 @@ def test_no_host_device_sync_while_serving(tiny_llama: tuple[Path, Any], opts: d
                 torch.cuda.set_sync_debug_mode("default")
 
     anyio.run(run)
+
+
+def test_defaults_are_the_fast_path_and_overlap_matches_serial(tiny_gemma: tuple[Path, Any]) -> None:
+    """The CUDA defaults (graphs, Triton, fused ops): seeded sampling gives the same tokens with
+    overlap on and off, across batch sizes that pad to different graphs. float32: bf16 GEMMs
+    are not batch-invariant, and the two modes may group arrivals into steps differently."""
+    path, _ = tiny_gemma
+    prompts = _prompts(13, seed=5)
+
+    async def run(overlap: bool) -> list[list[int]]:
+        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", overlap=overlap,
+                                 max_running_requests=16, max_context=256) as engine:  # fmt: skip
+            cfg = engine.config
+            assert cfg.resolved_attention_backend == "triton" and cfg.use_fused_ops and cfg.use_cuda_graph
+            out: dict[int, list[int]] = {}
+
+            async def one(i: int) -> None:
+                sp = aserve.SamplingParams(max_tokens=10 + 3 * i, temperature=0.8, top_k=40, seed=i, ignore_eos=True)
+                out[i] = (await engine.complete(prompts[i], sp)).token_ids
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
+            return [out[i] for i in range(len(prompts))]
+
+    assert anyio.run(run, True) == anyio.run(run, False)

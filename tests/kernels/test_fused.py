@@ -58,3 +58,39 @@ def test_gated(dtype: torch.dtype, act: str) -> None:
     up = torch.randn(13, 300, generator=g).to(DEVICE, dtype)
     ref = (F.gelu(gate.float(), approximate="tanh") if act == "gelu_tanh" else F.silu(gate.float())) * up.float()
     torch.testing.assert_close(gated(gate, up, act).float(), ref, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gemma", [False, True])
+@pytest.mark.parametrize("shape", [(6, 640), (1, 64), (4, 100)])
+def test_add_rmsnorm_matches_eager_add_and_norms(dtype: torch.dtype, gemma: bool, shape: tuple[int, int]) -> None:
+    """Llama: h = r + x, y = norm(h). Gemma: h = r + post_norm(x), y = pre_norm(h)."""
+    from aserve.kernels.fused import add_rmsnorm
+
+    g = torch.Generator().manual_seed(shape[1] + gemma)
+    norm = RMSNorm(shape[1], 1e-6, gemma=gemma).to(DEVICE, dtype)
+    x_norm = RMSNorm(shape[1], 1e-6, gemma=gemma).to(DEVICE, dtype) if gemma else None
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(shape[1], generator=g) * 0.3)
+        if x_norm is not None:
+            x_norm.weight.copy_(torch.randn(shape[1], generator=g) * 0.3)
+    x = (torch.randn(shape, generator=g) * 3).to(DEVICE, dtype)
+    r = (torch.randn(shape, generator=g) * 5).to(DEVICE, dtype)
+    h_ref = r + (x if x_norm is None else x_norm(x))
+    y_ref = norm(h_ref)
+    h, y = add_rmsnorm(x, r, norm.weight, 1e-6, gemma, None if x_norm is None else x_norm.weight)
+    assert h.dtype == y.dtype == dtype and h.shape == y.shape == x.shape
+    # The residual stream is rounded exactly where the eager ops round it.
+    torch.testing.assert_close(h, h_ref, **_tol(dtype))
+    torch.testing.assert_close(y, y_ref, **_tol(dtype))
+
+
+def test_add_rmsnorm_writes_every_element(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aserve.kernels.fused as fused
+
+    real_empty, real_empty_like = torch.empty, torch.empty_like
+    monkeypatch.setattr(fused.torch, "empty", lambda *a, **k: real_empty(*a, **k).fill_(float("nan")))
+    monkeypatch.setattr(fused.torch, "empty_like", lambda t: real_empty_like(t).fill_(float("nan")))
+    x = torch.randn(5, 96).to(DEVICE)
+    h, y = fused.add_rmsnorm(x, torch.randn(5, 96).to(DEVICE), torch.ones(96).to(DEVICE), 1e-6, False)
+    assert torch.isfinite(h).all() and torch.isfinite(y).all()
