@@ -1,14 +1,22 @@
 """Decode steps replayed from CUDA graphs, one graph per padded batch size.
 
-A decode-only step's model forward has a fixed shape once the batch is padded to the next
-size of a ladder (1, 2, 4, ..., max): the inputs live in static buffers, the attention is
-the Triton decode kernel, whose grid depends only on the padded batch size (each program
-covers a fixed fraction of its sequence's real length), padded rows have ``seq_len == 0`` (they read no key) and write their K/V to the pool's pad slot.
-Replaying the captured forward costs one launch instead of hundreds.
+A decode-only step has a fixed shape once the batch is padded to the next size of a ladder
+(1, 2, 4, ..., max). Everything between "inputs on the device" and "tokens in the FutureMap"
+is captured, so a greedy decode step is one H2D copy, one device copy into the graph's
+input buffer, one replay and one D2H copy:
 
-On a CPU there is nothing to capture: the same static-buffer path runs directly, which is
-how the padding and bucketing logic is tested in CI. The FutureMap gather, the table
-update and the sampler stay outside the graph (they run eagerly, a few kernels).
+1. the request-to-token table gets each sequence's new slot;
+2. the input tokens are gathered from the FutureMap (the previous step's samples);
+3. the model forward (Triton decode attention, whose grid depends only on the padded size);
+4. greedy tokens (``argmax``) are published back into the FutureMap.
+
+Padded rows use the pool's spare table row and the FutureMap's spare row, position -1
+(``seq_len`` 0: they read no key) and the pad slot (their K/V writes land there). A step
+that samples (temperature, penalties, logprobs) runs the sampler eagerly on the graph's
+logits afterwards and publishes its tokens over the greedy ones, on the same stream.
+
+On a CPU there is nothing to capture: the same body runs directly on the static buffers,
+which is how the padding, bucketing and in-graph gather/publish are tested in CI.
 """
 
 from __future__ import annotations
@@ -21,19 +29,21 @@ import torch
 
 from aserve.attention.metadata import AttentionMetadata
 from aserve.kv.pool import KVPool
+from aserve.scheduler.future_map import FutureMap
+
+
+@dataclass
+class GraphOutputs:
+    logits: torch.Tensor  # [Bp, V] float32
+    tokens: torch.Tensor  # [Bp] int64, greedy (argmax), already in the FutureMap
+    input_ids: torch.Tensor  # [Bp] int64, what was gathered from the FutureMap
 
 
 @dataclass
 class _Static:
     size: int
-    input_ids: torch.Tensor  # [Bp] int64
-    positions: torch.Tensor  # [Bp]
-    out_loc: torch.Tensor  # [Bp]
-    rows: torch.Tensor  # [Bp]
-    prefix: torch.Tensor  # [Bp]
-    seq_lens: torch.Tensor  # [Bp]
-    meta: AttentionMetadata
-    logits: torch.Tensor | None = None  # [Bp, V], the graph's output buffer
+    inputs: torch.Tensor  # [3, Bp] int64: table rows, positions (-1 = padding), KV slots
+    out: GraphOutputs | None = None
     graph: Any = None  # torch.cuda.CUDAGraph on CUDA
 
 
@@ -47,79 +57,90 @@ def ladder(max_batch: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, model: torch.nn.Module, pool: KVPool, device: torch.device, max_batch: int) -> None:
+    def __init__(
+        self, model: torch.nn.Module, pool: KVPool, future_map: FutureMap, device: torch.device, max_batch: int
+    ) -> None:
         self.model = model
         self.pool = pool
+        self.future_map = future_map
         self.device = device
         self.sizes = ladder(max_batch)
+        future_map.tokens[pool.pad_row] = 0  # padded rows gather from here (debug poisons the rest)
         self._static = {b: self._buffers(b) for b in self.sizes}
         self.runs = 0  # decode steps served from the static buffers (replays on CUDA)
 
     def _buffers(self, b: int) -> _Static:
-        def zeros() -> torch.Tensor:
-            return torch.zeros(b, dtype=torch.int64, device=self.device)
+        inputs = torch.empty(3, b, dtype=torch.int64, device=self.device)
+        inputs[0].fill_(self.pool.pad_row)
+        inputs[1].fill_(-1)
+        inputs[2].fill_(self.pool.pad_slot)
+        return _Static(b, inputs)
 
-        s = _Static(b, zeros(), zeros(), zeros(), zeros(), zeros(), zeros(), meta=None)  # type: ignore[arg-type]
-        s.out_loc.fill_(self.pool.pad_slot)
-        s.meta = AttentionMetadata(
-            positions=s.positions,
-            out_cache_loc=s.out_loc,
-            req_pool_indices=s.rows,
-            prefix_lens=s.prefix,
+    def size_for(self, batch: int) -> int | None:
+        return next((x for x in self.sizes if x >= batch), None)
+
+    def host_inputs(self, rows: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
+        """The step's graph input, padded to its ladder size: [3, Bp] int64 on the host."""
+        pad = self.size_for(len(rows))
+        assert pad is not None
+        n = pad - len(rows)
+        return torch.tensor(
+            [rows + [self.pool.pad_row] * n, positions + [-1] * n, slots + [self.pool.pad_slot] * n], dtype=torch.int64
+        )
+
+    def _body(self, s: _Static) -> GraphOutputs:
+        rows, pos, slots = s.inputs[0], s.inputs[1], s.inputs[2]
+        b = s.size
+        positions = pos.clamp(min=0)
+        table = self.pool.table_device
+        table[rows, positions] = slots
+        input_ids = self.future_map.tokens[rows]
+        meta = AttentionMetadata(
+            positions=positions,
+            out_cache_loc=slots,
+            req_pool_indices=rows,
+            prefix_lens=positions,
             extend_lens=torch.ones(b, dtype=torch.int64, device=self.device),
-            seq_lens=s.seq_lens,
-            req_to_token=self.pool.table_device,
+            seq_lens=pos + 1,  # padded rows: 0, they read no key
+            req_to_token=table,
             logits_indices=torch.arange(b, device=self.device),
             prefix_lens_cpu=[0] * b,
             extend_lens_cpu=[1] * b,
             backend="triton",
+            seq_len_bound=self.pool.max_context,
         )
-        return s
-
-    def _forward(self, s: _Static) -> torch.Tensor:
         with torch.inference_mode():
-            return self.model(s.input_ids, s.meta, self.pool.kv_cache)  # type: ignore[no-any-return]
+            logits = self.model(input_ids, meta, self.pool.kv_cache)  # [Bp, V]
+            tokens = logits.argmax(dim=-1)
+            self.future_map.tokens[rows] = tokens
+        return GraphOutputs(logits, tokens, input_ids)
 
     def capture(self, stream: Any) -> None:
         """CUDA: capture one graph per size (largest first, sharing one memory pool)."""
         if self.device.type != "cuda":
             return
+        # Warm-up and capture write into the spare rows only (all inputs are padding).
         pool = None
         for i, b in enumerate(reversed(self.sizes)):
             s = self._static[b]
             with torch.cuda.stream(stream):
-                self._forward(s)  # warm-up: Triton compiles, cuBLAS picks its kernels
+                self._body(s)  # warm-up: Triton compiles, cuBLAS picks its kernels
             torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=stream, pool=pool):
-                s.logits = self._forward(s)
+                s.out = self._body(s)
             pool = graph.pool()
             s.graph = graph
             print(f"\rcapturing decode CUDA graphs: {i + 1}/{len(self.sizes)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
 
-    def fits(self, batch: int) -> bool:
-        return batch <= self.sizes[-1]
-
-    def run(self, input_ids: torch.Tensor, dev: dict[str, Any]) -> torch.Tensor:
-        """Decode forward for ``B = len(input_ids)`` sequences -> logits [B, V]."""
-        b = input_ids.shape[0]
-        size = next(x for x in self.sizes if x >= b)
-        s = self._static[size]
-        for buf, src, pad in (
-            (s.input_ids, input_ids, 0),
-            (s.positions, dev["positions"], 0),
-            (s.out_loc, dev["slots"], self.pool.pad_slot),
-            (s.rows, dev["rows"], 0),
-            (s.prefix, dev["prefix"], 0),
-        ):
-            buf[:b].copy_(src)
-            buf[b:].fill_(pad)
-        s.seq_lens[:b].copy_(dev["prefix"] + 1)
-        s.seq_lens[b:].fill_(0)  # padded rows read no key
+    def run(self, graph_inputs: torch.Tensor) -> GraphOutputs:
+        """Replay (CUDA) or run (CPU) the graph for ``graph_inputs`` ([3, Bp] on the device)."""
+        s = self._static[graph_inputs.shape[1]]
+        s.inputs.copy_(graph_inputs)
         self.runs += 1
         if s.graph is not None:
             s.graph.replay()
-            assert s.logits is not None
-            return s.logits[:b]
-        return self._forward(s)[:b]
+            assert s.out is not None
+            return s.out
+        return self._body(s)

@@ -131,7 +131,8 @@ class Engine:
                 schedule_policy=cfg.schedule_policy,
             ),
         )
-        self.future_map = FutureMap(parts.pool.rows.num_rows, parts.device, cfg.debug)
+        # One mailbox per request row, plus the spare row padded decode-graph rows use.
+        self.future_map = FutureMap(parts.pool.rows.num_rows + 1, parts.device, cfg.debug)
         self.runner = ModelRunner(
             parts.model,
             parts.pool,
@@ -140,7 +141,7 @@ class Engine:
             self._cpu_stream,
             self._cuda_waiter,
             cfg.resolved_attention_backend,
-            DecodeGraphs(parts.model, parts.pool, parts.device, cfg.max_running_requests)
+            DecodeGraphs(parts.model, parts.pool, self.future_map, parts.device, cfg.max_running_requests)
             if cfg.use_cuda_graph
             else None,
         )

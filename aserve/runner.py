@@ -180,13 +180,19 @@ class ModelRunner:
                 pending.append((i, len(out), len(decode_rows) - 1))
                 out.append(0)  # placeholder, replaced by the FutureMap value on the device
             outputs.append(out)
+        graph_in = None
+        graphs = self.decode_graphs
+        if graphs is not None and len(decode_rows) == len(rows) and graphs.size_for(len(rows)) is not None:
+            # Every sequence decodes (its input comes from the FutureMap): a captured graph's step.
+            graph_in = graphs.host_inputs(rows, prefix, slots)
         logits_idx: list[int] = []
         acc = 0
         for e in extend:
             acc += e
             logits_idx.append(acc - 1)
         i64 = torch.int64
-        return {
+        host: dict[str, Any] = {} if graph_in is None else {"graph_in": graph_in}
+        return host | {
             "rows": torch.tensor(rows, dtype=i64),
             "gens": torch.tensor(gens, dtype=i64),
             "prefix": torch.tensor(prefix, dtype=i64),
@@ -207,7 +213,6 @@ class ModelRunner:
             "pending_decode": torch.tensor([d for _, _, d in pending], dtype=i64),
             "prefix_cpu": prefix,
             "extend_cpu": extend,
-            "all_decode": all(s.input_ids is None for s in plan.seqs),
             "sampling": (params, seeds, steps, prompts, outputs),
         }
 
@@ -236,6 +241,8 @@ class ModelRunner:
 
     def _device_work(self, dev: dict[str, Any]) -> SampleOutput:
         """Everything between 'inputs on the device' and 'tokens in the FutureMap'."""
+        if "graph_in" in dev:
+            return self._graph_decode(dev)
         table = self.pool.table_device
         table[dev["table_rows"], dev["table_cols"]] = dev["table_slots"]
         input_ids = dev["input_ids"]
@@ -243,11 +250,6 @@ class ModelRunner:
         if dev["decode_rows"].numel() > 0:
             gathered = self.future_map.gather(dev["decode_rows"], dev["decode_gens"])
             input_ids = input_ids.index_put((dev["decode_token_idx"],), gathered)
-        graphs = self.decode_graphs
-        if graphs is not None and dev["all_decode"] and graphs.fits(input_ids.shape[0]):
-            with torch.inference_mode():
-                logits = graphs.run(input_ids, dev)  # [B, V]
-            return self._sample_and_publish(logits, dev, gathered)
         meta = AttentionMetadata(
             positions=dev["positions"],
             out_cache_loc=dev["slots"],
@@ -264,6 +266,24 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B, V]
         return self._sample_and_publish(logits, dev, gathered)
+
+    def _graph_decode(self, dev: dict[str, Any]) -> SampleOutput:
+        """An all-decode step from a captured graph (table update, gather, forward, greedy
+        publish inside); the sampler runs after it only when some row does not decode greedily."""
+        graphs, fm = self.decode_graphs, self.future_map
+        assert graphs is not None
+        fm.check(dev["decode_rows"], dev["decode_gens"])
+        with torch.inference_mode():
+            g = graphs.run(dev["graph_in"])
+            b = dev["rows"].shape[0]
+            if fm.debug:
+                fm.generations[dev["rows"]] = dev["gens"]
+            sbatch = dev["sbatch"]
+            if sbatch.all_greedy and not sbatch.any_penalty and sbatch.num_logprobs < 0:
+                # A copy: the graph's buffer is rewritten by the next replay, maybe before
+                # this step's device-to-host copy ran on the copy stream.
+                return SampleOutput(g.tokens[:b].clone(), None, None, None)
+        return self._sample_and_publish(g.logits[:b], dev, g.input_ids[:b])
 
     def _sample_and_publish(
         self, logits: torch.Tensor, dev: dict[str, Any], gathered: torch.Tensor | None
@@ -312,7 +332,6 @@ class ModelRunner:
         replaced: dict[str, Any] = {k: dev["s." + k] for k in sampling_fields}
         dev["sbatch"] = dataclasses.replace(sbatch_host, **replaced)
         dev["prefix_cpu"], dev["extend_cpu"] = host["prefix_cpu"], host["extend_cpu"]
-        dev["all_decode"] = host["all_decode"]
         self.forward_stream.wait_stream(self.schedule_stream)
         with torch.cuda.stream(self.forward_stream):
             begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin", watch=False)

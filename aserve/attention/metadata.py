@@ -31,6 +31,9 @@ class AttentionMetadata:
     # and reuse across layers; keyed by the backend's own keys (e.g. the sliding window).
     cache: dict[Any, Any] = field(default_factory=dict)
     backend: str = "torch"  # "torch" (reference) or "triton" (aserve/attention/triton_paged.py)
+    # Upper bound on any sequence's length for kernels whose grid must not depend on the
+    # step (decode graphs: the pool's max_context); None: taken from the host lengths.
+    seq_len_bound: int | None = None
 
     @property
     def num_seqs(self) -> int:

@@ -31,6 +31,7 @@ from aserve.attention.reference import write_kv
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": a fully masked row stays NaN-free
 _TARGET_PROGRAMS = 512  # about four per SM on an H200 (132 SMs)
 _MAX_SPLITS = 32
+_MIN_SPLIT_LEN = 128  # keys; shorter splits cost more in the merge than they gain
 
 
 @triton.jit
@@ -157,13 +158,15 @@ def _extend_kernel(
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_mask[:, None])
 
 
-def num_decode_splits(num_tokens: int, kv_heads: int) -> int:
-    """Context splits per (token, KV head): enough programs to fill the GPU (a power of two <= 32).
+def num_decode_splits(num_tokens: int, kv_heads: int, max_seq_len: int) -> int:
+    """Context splits per (token, KV head): enough programs to fill the GPU (a power of two
+    <= 32), no more than one per ``_MIN_SPLIT_LEN`` keys of the longest possible sequence.
 
-    A function of the batch shape only, so a CUDA graph captured for a padded batch size
-    replays with the same grid whatever the sequences' lengths."""
+    A function of the batch shape and a length bound only, so a CUDA graph captured for a
+    padded batch size replays with the same grid whatever the sequences' lengths."""
     want = triton.cdiv(_TARGET_PROGRAMS, max(1, num_tokens * kv_heads))
-    return min(_MAX_SPLITS, triton.next_power_of_2(want))
+    cap = triton.cdiv(max(1, max_seq_len), _MIN_SPLIT_LEN)
+    return min(_MAX_SPLITS, triton.next_power_of_2(min(want, cap)))
 
 
 def _precision(dtype: torch.dtype) -> str:
@@ -176,7 +179,8 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     t, h, d = q.shape
     hkv = k_cache.shape[1]
     group = h // hkv
-    splits = num_decode_splits(t, hkv)
+    bound = meta.max_seq_len if meta.seq_len_bound is None else meta.seq_len_bound
+    splits = num_decode_splits(t, hkv, bound)
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
     table = meta.req_to_token

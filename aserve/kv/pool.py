@@ -137,7 +137,9 @@ class KVPool:
             )
             for _ in range(config.num_layers)
         ]
-        self.table_device = torch.zeros(num_rows, max_context, dtype=torch.int64, device=device)
+        # One spare row at the end that no request gets: padded decode-graph rows use it.
+        self.table_device = torch.zeros(num_rows + 1, max_context, dtype=torch.int64, device=device)
+        self.pad_row = num_rows
         self.pad_slot = num_slots
 
     @property

@@ -30,6 +30,14 @@ class FutureMap:
         if self.debug:
             self.generations[rows] = generations
 
+    def check(self, rows: torch.Tensor, generations: torch.Tensor) -> None:
+        """Debug: the rows hold published tokens of these generations (no poisoning).
+
+        Decode graphs gather and publish inside the graph; this runs before the replay."""
+        if self.debug and rows.numel() > 0:
+            ok = (self.tokens[rows] >= 0).all() & (self.generations[rows] == generations).all()
+            torch._assert_async(ok, "FutureMap gather read an unpublished or reused row")
+
     def gather(self, rows: torch.Tensor, generations: torch.Tensor) -> torch.Tensor:
         # rows, generations: [N] -> tokens [N]
         out = self.tokens[rows]
