@@ -384,8 +384,8 @@ def main() -> None:
             build_checkpoint(g, root, tok)
         out_dir = Path(args.out).parent / "w3"
         out_dir.mkdir(parents=True, exist_ok=True)
-        rates = [2.0, 8.0, 32.0] if not args.tiny else [4.0, 16.0, 64.0]
-        n, il, ol = (12, 8, 4) if args.tiny else (300, 256, 256)
+        rates = [8.0, 32.0, 128.0] if not args.tiny else [4.0, 16.0, 64.0]
+        n, il, ol = (12, 8, 4) if args.tiny else (200, 256, 256)
         results["w3"] = gw.w3_online(path, rates, n, il, ol, out_dir, ["--dtype", bf16, *gw.cli_flags(opts)])
         print(json.dumps(results["w3"]), flush=True)
     if "profile" in only:
