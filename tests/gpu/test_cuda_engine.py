@@ -73,6 +73,18 @@ class _NoTF32:
         torch.backends.cuda.matmul.allow_tf32 = self.prev
 
 
+# Every sampler feature, so each one's device path is checked for hidden synchronisation.
+SAMPLING_VARIANTS = [
+    aserve.SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9),
+    aserve.SamplingParams(max_tokens=12, temperature=0),
+    aserve.SamplingParams(max_tokens=12, temperature=1.0, top_k=20, min_p=0.05, seed=3),
+    aserve.SamplingParams(
+        max_tokens=12, temperature=0.8, repetition_penalty=1.2, frequency_penalty=0.5, presence_penalty=0.3
+    ),
+    aserve.SamplingParams(max_tokens=12, temperature=0, logprobs=3),
+]
+
+
 @pytest.mark.parametrize("opts", [EAGER, {}], ids=["torch-eager", "defaults"])
 def test_no_host_device_sync_while_serving(tiny_llama: tuple[Path, Any], opts: dict[str, Any]) -> None:
     """Plan, launch and commit never wait on the device: CUDA's sync debug mode raises on
@@ -86,10 +98,8 @@ def test_no_host_device_sync_while_serving(tiny_llama: tuple[Path, Any], opts: d
             torch.cuda.set_sync_debug_mode("error")
             try:
                 async with anyio.create_task_group() as tg:
-                    for p in _prompts(12, seed=2):
-                        tg.start_soon(
-                            engine.complete, p, aserve.SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9)
-                        )
+                    for i, p in enumerate(_prompts(12, seed=2)):
+                        tg.start_soon(engine.complete, p, SAMPLING_VARIANTS[i % len(SAMPLING_VARIANTS)])
             finally:
                 torch.cuda.set_sync_debug_mode("default")
 
