@@ -275,20 +275,21 @@ class Engine:
         params = params or SamplingParams()
         reqs = self._make_requests(prompt, params, request_id)
         outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason=None) for i in range(params.n)]
-        text_parts: list[list[str]] = [[] for _ in range(params.n)]
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(params.n)]
-        async with contextlib.aclosing(self._stream(reqs)) as stream:
+        # Token ids only while it runs: the text is decoded once at the end, which keeps
+        # per-token detokenization off the event loop that plans and commits steps.
+        async with contextlib.aclosing(self._stream(reqs, detokenize=False)) as stream:
             async for delta in stream:
                 out = outputs[delta.index]
-                text_parts[delta.index].append(delta.text)
                 out.token_ids.extend(delta.token_ids)
                 if delta.logprobs:
                     logprobs[delta.index].extend(delta.logprobs)
                 if delta.finish_reason is not None:
                     out.finish_reason = delta.finish_reason
                     out.stop_reason = delta.stop_reason
-        for out, parts, lps in zip(outputs, text_parts, logprobs):
-            out.text = "".join(parts)
+        for req, out, lps in zip(reqs, outputs, logprobs, strict=True):
+            text = self.tokenizer.decode(out.token_ids, params.skip_special_tokens)
+            out.text = text if req.cell.text_limit is None else text[: req.cell.text_limit]
             out.logprobs = lps if params.logprobs is not None else None
         first = reqs[0]
         metrics: dict[str, float] = {}
@@ -461,8 +462,12 @@ class Engine:
             )
         return reqs
 
-    async def _stream(self, reqs: list[Req], submitted: bool = False) -> AsyncGenerator[Delta, None]:
-        """Submit ``reqs`` and yield their deltas; aborts them if the consumer goes away."""
+    async def _stream(
+        self, reqs: list[Req], submitted: bool = False, detokenize: bool = True
+    ) -> AsyncGenerator[Delta, None]:
+        """Submit ``reqs`` and yield their deltas; aborts them if the consumer goes away.
+
+        ``detokenize=False``: deltas carry token ids only (``text`` stays empty)."""
         tok = self.tokenizer
         if not submitted:
             self._submit(reqs)
@@ -485,6 +490,18 @@ class Engine:
                         continue
                     if cell.error is not None:
                         raise RequestAbortedError(f"request {req.rid} failed: {cell.error}") from cell.error
+                    if not detokenize:
+                        progressed = True
+                        done[i] = finished
+                        yield Delta(
+                            index=req.index,
+                            text="",
+                            token_ids=ids,
+                            finish_reason=cell.finish_reason if finished else None,
+                            stop_reason=cell.stop_reason if finished else None,
+                            logprobs=lps if params.logprobs is not None else None,
+                        )
+                        continue
                     detok = detoks[i]
                     detok.push(ids)
                     if finished:
