@@ -79,14 +79,12 @@ class DecodeGraphs:
     def size_for(self, batch: int) -> int | None:
         return next((x for x in self.sizes if x >= batch), None)
 
-    def host_inputs(self, rows: list[int], positions: list[int], slots: list[int]) -> torch.Tensor:
-        """The step's graph input, padded to its ladder size: [3, Bp] int64 on the host."""
+    def host_inputs(self, rows: list[int], positions: list[int], slots: list[int]) -> list[int]:
+        """The step's graph input padded to its ladder size: [3, Bp] int64, row-major, flat."""
         pad = self.size_for(len(rows))
         assert pad is not None
         n = pad - len(rows)
-        return torch.tensor(
-            [rows + [self.pool.pad_row] * n, positions + [-1] * n, slots + [self.pool.pad_slot] * n], dtype=torch.int64
-        )
+        return rows + [self.pool.pad_row] * n + positions + [-1] * n + slots + [self.pool.pad_slot] * n
 
     def _body(self, s: _Static) -> GraphOutputs:
         rows, pos, slots = s.inputs[0], s.inputs[1], s.inputs[2]

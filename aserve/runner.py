@@ -180,37 +180,48 @@ class ModelRunner:
                 pending.append((i, len(out), len(decode_rows) - 1))
                 out.append(0)  # placeholder, replaced by the FutureMap value on the device
             outputs.append(out)
-        graph_in = None
+        graph_in: list[int] | None = None
         graphs = self.decode_graphs
         if graphs is not None and len(decode_rows) == len(rows) and graphs.size_for(len(rows)) is not None:
             # Every sequence decodes (its input comes from the FutureMap): a captured graph's step.
-            graph_in = graphs.host_inputs(rows, prefix, slots)
+            graph_in = graphs.host_inputs(rows, prefix, slots)  # [3 * Bp], row-major [3, Bp]
         logits_idx: list[int] = []
         acc = 0
         for e in extend:
             acc += e
             logits_idx.append(acc - 1)
-        i64 = torch.int64
-        host: dict[str, Any] = {} if graph_in is None else {"graph_in": graph_in}
-        return host | {
-            "rows": torch.tensor(rows, dtype=i64),
-            "gens": torch.tensor(gens, dtype=i64),
-            "prefix": torch.tensor(prefix, dtype=i64),
-            "extend": torch.tensor(extend, dtype=i64),
-            "slots": torch.tensor(slots, dtype=i64),
-            "table_rows": torch.tensor(table_rows, dtype=i64),
-            "table_cols": torch.tensor(table_cols, dtype=i64),
-            "table_slots": torch.tensor(table_slots, dtype=i64),
-            "input_ids": torch.tensor(input_ids, dtype=i64),
-            "positions": torch.tensor(positions, dtype=i64),
-            "logits_idx": torch.tensor(logits_idx, dtype=i64),
-            "decode_token_idx": torch.tensor(decode_token_idx, dtype=i64),
-            "decode_rows": torch.tensor(decode_rows, dtype=i64),
-            "decode_gens": torch.tensor(decode_gens, dtype=i64),
-            "sample_idx": torch.tensor([i for i, m in enumerate(sample_mask) if m], dtype=i64),
-            "pending_b": torch.tensor([b for b, _, _ in pending], dtype=i64),
-            "pending_c": torch.tensor([c for _, c, _ in pending], dtype=i64),
-            "pending_decode": torch.tensor([d for _, _, d in pending], dtype=i64),
+        fields: dict[str, list[int]] = {
+            "rows": rows,
+            "gens": gens,
+            "prefix": prefix,
+            "extend": extend,
+            "slots": slots,
+            "table_rows": table_rows,
+            "table_cols": table_cols,
+            "table_slots": table_slots,
+            "input_ids": input_ids,
+            "positions": positions,
+            "logits_idx": logits_idx,
+            "decode_token_idx": decode_token_idx,
+            "decode_rows": decode_rows,
+            "decode_gens": decode_gens,
+            "sample_idx": [i for i, m in enumerate(sample_mask) if m],
+            "pending_b": [b for b, _, _ in pending],
+            "pending_c": [c for _, c, _ in pending],
+            "pending_decode": [d for _, _, d in pending],
+        }
+        if graph_in is not None:
+            fields["graph_in"] = graph_in
+        # One host tensor for every int64 input (one torch.tensor call, one H2D copy); the
+        # fields are views into it, rebuilt on the device side by ``unpack_int64``.
+        flat: list[int] = []
+        spans: dict[str, tuple[int, int]] = {}
+        for name, values in fields.items():
+            spans[name] = (len(flat), len(values))
+            flat.extend(values)
+        return {
+            "packed_i64": torch.tensor(flat, dtype=torch.int64),
+            "spans": spans,
             "prefix_cpu": prefix,
             "extend_cpu": extend,
             "sampling": (params, seeds, steps, prompts, outputs),
@@ -300,6 +311,7 @@ class ModelRunner:
     def _launch_cpu(self, index: int, plan: Plan, host: dict[str, Any]) -> Step:
         stream = self.cpu_stream
         assert stream is not None
+        host |= unpack_int64(host["packed_i64"], host["spans"])
         params, seeds, steps, prompts, outputs = host["sampling"]
         host["sbatch"] = make_sampling_batch(params, seeds, steps, prompts, outputs, self.device)
         result: dict[str, Any] = {}
@@ -320,7 +332,7 @@ class ModelRunner:
     def _launch_cuda(self, index: int, plan: Plan, host: dict[str, Any]) -> Step:
         params, seeds, steps, prompts, outputs = host["sampling"]
         sbatch_host = make_sampling_batch(params, seeds, steps, prompts, outputs, "cpu")
-        uploads = {k: v for k, v in host.items() if isinstance(v, torch.Tensor)}
+        uploads = {"packed_i64": host["packed_i64"]}
         sampling_fields = {
             f.name: getattr(sbatch_host, f.name)
             for f in dataclasses.fields(sbatch_host)
@@ -329,6 +341,7 @@ class ModelRunner:
         uploads.update({"s." + k: v for k, v in sampling_fields.items()})
         with torch.cuda.stream(self.schedule_stream):
             dev: dict[str, Any] = dict(self.staging.upload(index, uploads, self.device))
+        dev |= unpack_int64(dev["packed_i64"], host["spans"])
         replaced: dict[str, Any] = {k: dev["s." + k] for k in sampling_fields}
         dev["sbatch"] = dataclasses.replace(sbatch_host, **replaced)
         dev["prefix_cpu"], dev["extend_cpu"] = host["prefix_cpu"], host["extend_cpu"]
@@ -350,6 +363,14 @@ class ModelRunner:
         step = self._step(index, plan, begin, materialized, copied, [dev, out])
         step._read_outputs = lambda: _bufs_to_outputs(bufs)
         return step
+
+
+def unpack_int64(flat: torch.Tensor, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """Views of the packed int64 inputs by name (``graph_in`` as its [3, Bp] matrix)."""
+    out = {name: flat[off : off + n] for name, (off, n) in spans.items()}
+    if "graph_in" in out:
+        out["graph_in"] = out["graph_in"].view(3, -1)
+    return out
 
 
 def _to_host(out: SampleOutput) -> StepOutputs:

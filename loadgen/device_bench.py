@@ -147,7 +147,7 @@ def check_parity(
 
 def run_throughput(
     shape: str, root: Path, tok_dir: Path, device: str, dtype: str, n: int, prompt_len: int, out_len: int,
-    overlap: bool, max_running: int, opts: dict[str, Any],
+    overlap: bool, max_running: int, opts: dict[str, Any], profiler: Any = None,
 ) -> dict[str, Any]:  # fmt: skip
     path = root / shape
     if not (path / "config.json").exists():
@@ -161,9 +161,13 @@ def run_throughput(
                                  max_running_requests=max_running, max_context=prompt_len + out_len + 8,
                                  max_num_batched_tokens=8192, kv_cache_bytes=8 * 2**30, **opts) as engine:  # fmt: skip
             engine.reset_stats()
+            if profiler is not None:  # serving only: not start-up, compilation or capture
+                profiler.enable()
             t0 = time.perf_counter()
             res = await _run_batch(engine, prompts, params)
             wall = time.perf_counter() - t0
+            if profiler is not None:
+                profiler.disable()
             st = engine.stats()
             recs = engine.step_records()
         out_tokens = sum(len(r.token_ids) for r in res)
@@ -276,9 +280,7 @@ def profile_host(shape: str, root: Path, tok_dir: Path, device: str, dtype: str,
     import pstats
 
     prof = cProfile.Profile()
-    prof.enable()
-    run_throughput(shape, root, tok_dir, device, dtype, 64, 128, 96, True, 256, opts)
-    prof.disable()
+    run_throughput(shape, root, tok_dir, device, dtype, 64, 128, 256, True, 256, opts, profiler=prof)
     buf = io.StringIO()
     pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
     return buf.getvalue()
@@ -322,18 +324,25 @@ def main() -> None:
     }  # fmt: skip
     if args.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # float32 parity must be float32
+
+    def save() -> None:  # after every section, so a run cut short keeps what it measured
+        Path(args.out).write_text(json.dumps(results, indent=1))
+
     if "wake" in only and args.device == "cuda":
         results["wake"] = bench_wakeup()
         print(json.dumps(results["wake"]), flush=True)
+        save()
     if "parity" in only:
         results["parity"] = [check_parity(s, root, tok, args.device, 16 if args.tiny else 24, opts) for s in (g, ll)]
         print(json.dumps(results["parity"]), flush=True)
+        save()
     if "bf16" in only:
         results["bf16"] = [
             run_throughput(s, root, tok, args.device, bf16, 8 if args.tiny else 32, 64, 16 if args.tiny else 128, True, 256, opts)
             for s in (g, ll)
         ]  # fmt: skip
         print(json.dumps(results["bf16"]), flush=True)
+        save()
     if "w2" in only:
         n, plen, olen = (8, 32, 48) if args.tiny else (64, 128, 1024)
         results["w2"] = [
@@ -341,9 +350,11 @@ def main() -> None:
             for ov in (True, False, True, False)
         ]
         print(json.dumps(results["w2"]), flush=True)
+        save()
     if "copy" in only or "floor" in only:
         results["copy_bytes_per_s"] = gw.copy_bandwidth(args.device, nbytes=2**24 if args.tiny else 2 * 2**30)
         print(f"copy bandwidth (read + write): {results['copy_bytes_per_s'] / 1e12:.3f} TB/s", flush=True)
+        save()
     if "w1" in only:
         results["w1"] = []
         for shape in (g, ll):
@@ -366,6 +377,7 @@ def main() -> None:
             }
             results["w1"].append(row)
             print(json.dumps(row), flush=True)
+            save()
     if "floor" in only:
         shape = ll
         path = root / shape
@@ -378,6 +390,7 @@ def main() -> None:
         results["floor"] = {"shape": shape, "batch": batch, "context": ctx, "floor_ms": floor * 1e3,
                             "step_ms": step * 1e3, "step_over_floor": step / floor}  # fmt: skip
         print(json.dumps(results["floor"]), flush=True)
+        save()
     if "w3" in only:
         path = root / g
         if not (path / "config.json").exists():
@@ -388,10 +401,12 @@ def main() -> None:
         n, il, ol = (12, 8, 4) if args.tiny else (200, 256, 256)
         results["w3"] = gw.w3_online(path, rates, n, il, ol, out_dir, ["--dtype", bf16, *gw.cli_flags(opts)])
         print(json.dumps(results["w3"]), flush=True)
+        save()
     if "profile" in only:
         results["profile"] = profile_host(g, root, tok, args.device, bf16, opts)
         print(results["profile"][-6000:], flush=True)
-    Path(args.out).write_text(json.dumps(results, indent=1))
+        save()
+    save()
     _table(results)
 
 

@@ -123,24 +123,21 @@ def w1_aserve(
 def w1_transformers(model: Any, reqs: list[tuple[list[int], int]]) -> dict[str, Any]:
     """transformers continuous batching (``generate_batch``, paged|sdpa), the issue's peer.
 
-    ``generate_batch`` takes one generation config for all requests, so requests are
-    grouped by output length (each group one call) and the times added up.
+    ``generate_batch`` takes one generation config for all requests, so the peer's requests
+    all get the median of their output lengths (one call, so it batches them all; grouping
+    by exact length would hand it batches of one). Tokens per second count what it generated.
     """
     from transformers import GenerationConfig
 
     model.set_attn_implementation("paged|sdpa")
-    by_len: dict[int, list[list[int]]] = {}
-    for p, o in reqs:
-        by_len.setdefault(o, []).append(p)
-    total, wall = 0, 0.0
-    for out_len, prompts in sorted(by_len.items()):
-        gc = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=None, pad_token_id=0)
-        t0 = time.perf_counter()
-        outs = model.generate_batch(inputs=prompts, generation_config=gc, progress_bar=False)
-        wall += time.perf_counter() - t0
-        total += sum(len(o.generated_tokens) for o in outs.values())
-    return {"engine": "transformers generate_batch", "requests": len(reqs), "output_tokens": total, "wall_s": wall,
-            "output_tok_s": total / wall}  # fmt: skip
+    out_len = sorted(o for _, o in reqs)[len(reqs) // 2]
+    gc = GenerationConfig(max_new_tokens=out_len, do_sample=False, eos_token_id=None, pad_token_id=0)
+    t0 = time.perf_counter()
+    outs = model.generate_batch(inputs=[p for p, _ in reqs], generation_config=gc, progress_bar=False)
+    wall = time.perf_counter() - t0
+    total = sum(len(o.generated_tokens) for o in outs.values())
+    return {"engine": "transformers generate_batch", "requests": len(reqs), "output_len_each": out_len,
+            "output_tokens": total, "wall_s": wall, "output_tok_s": total / wall}  # fmt: skip
 
 
 def decode_floor(shape_spec: dict[str, Any], batch: int, context: int, bandwidth: float, dtype_bytes: int = 2) -> float:
@@ -156,8 +153,11 @@ def decode_floor(shape_spec: dict[str, Any], batch: int, context: int, bandwidth
 
 
 def decode_step_time(path: Path, batch: int, context: int, device: str, dtype: str, opts: dict[str, Any]) -> float:
-    """Median device span of a decode step with ``batch`` sequences near ``context`` tokens."""
-    prompts = [[2] + [random.Random(i).randrange(10, 1000) for _ in range(context - 9)] for i in range(batch)]
+    """Median device span of a decode step with ``batch`` sequences near ``context`` tokens.
+
+    Prompts of ``context - 32`` tokens and 48 output tokens: once the (chunked) prefills are
+    done every step decodes the whole batch, at contexts around ``context``."""
+    prompts = [[2] + [random.Random(i).randrange(10, 1000) for _ in range(context - 33)] for i in range(batch)]
 
     async def run() -> float:
         async with aserve.Engine(
@@ -168,9 +168,11 @@ def decode_step_time(path: Path, batch: int, context: int, device: str, dtype: s
             async with anyio.create_task_group() as tg:
                 for p in prompts:
                     tg.start_soon(
-                        engine.complete, p, aserve.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+                        engine.complete, p, aserve.SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
                     )
             recs = [r for r in engine.step_records() if r.num_decodes == r.num_seqs == batch]
+        if not recs:
+            raise RuntimeError(f"no decode step ran with all {batch} sequences")
         return statistics.median(r.device_busy_s for r in recs)
 
     return anyio.run(run)
