@@ -31,6 +31,8 @@ from aserve.scheduler.future_map import FutureMap
 from aserve.scheduler.policy import Plan
 from aserve.scheduler.req import Req
 
+_NO_OUTPUTS: list[int] = []  # stands for the output of a request without penalties (never read)
+
 
 @dataclass(frozen=True)
 class StepEntry:
@@ -175,11 +177,17 @@ class ModelRunner:
             seeds.append(req.seed)
             steps.append(s.output_index)
             prompts.append(req.prompt_ids)
-            out = list(req.output_ids)
-            if s.pending_output:
-                pending.append((i, len(out), len(decode_rows) - 1))
-                out.append(0)  # placeholder, replaced by the FutureMap value on the device
-            outputs.append(out)
+            p = req.params
+            if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+                # Only penalties read the output so far: copying it for every request on
+                # every step would cost O(tokens generated) per step.
+                out = list(req.output_ids)
+                if s.pending_output:
+                    pending.append((i, len(out), len(decode_rows) - 1))
+                    out.append(0)  # placeholder, replaced by the FutureMap value on the device
+                outputs.append(out)
+            else:
+                outputs.append(_NO_OUTPUTS)
         graph_in: list[int] | None = None
         graphs = self.decode_graphs
         if graphs is not None and len(decode_rows) == len(rows) and graphs.size_for(len(rows)) is not None:
