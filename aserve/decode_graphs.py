@@ -76,13 +76,12 @@ class DecodeGraphs:
         inputs[2].fill_(self.pool.pad_slot)
         return _Static(b, inputs)
 
-    def size_for(self, batch: int) -> int | None:
-        return next((x for x in self.sizes if x >= batch), None)
-
-    def host_inputs(self, rows: list[int], positions: list[int], slots: list[int]) -> list[int]:
-        """The step's graph input padded to its ladder size: [3, Bp] int64, row-major, flat."""
-        pad = self.size_for(len(rows))
-        assert pad is not None
+    def host_inputs(self, rows: list[int], positions: list[int], slots: list[int]) -> list[int] | None:
+        """The step's graph input padded to its ladder size ([3, Bp] int64, row-major, flat),
+        or None when the batch is larger than the largest graph."""
+        pad = next((x for x in self.sizes if x >= len(rows)), None)
+        if pad is None:
+            return None
         n = pad - len(rows)
         return rows + [self.pool.pad_row] * n + positions + [-1] * n + slots + [self.pool.pad_slot] * n
 

@@ -474,6 +474,7 @@ class Engine:
         signal = reqs[0].cell.signal
         params = reqs[0].params
         detoks = [IncrementalDetokenizer(tok, skip_special_tokens=params.skip_special_tokens) for _ in reqs]
+        detoks = detoks if detokenize else []
         hold = max((len(s) for s in params.stop), default=1) - 1
         emitted = [0] * len(reqs)
         done = [False] * len(reqs)
@@ -490,29 +491,19 @@ class Engine:
                         continue
                     if cell.error is not None:
                         raise RequestAbortedError(f"request {req.rid} failed: {cell.error}") from cell.error
-                    if not detokenize:
-                        progressed = True
-                        done[i] = finished
-                        yield Delta(
-                            index=req.index,
-                            text="",
-                            token_ids=ids,
-                            finish_reason=cell.finish_reason if finished else None,
-                            stop_reason=cell.stop_reason if finished else None,
-                            logprobs=lps if params.logprobs is not None else None,
-                        )
-                        continue
-                    detok = detoks[i]
-                    detok.push(ids)
-                    if finished:
-                        detok.flush()
+                    new_text = ""
+                    if detokenize:
+                        detok = detoks[i]
+                        detok.push(ids)
+                        if finished:
+                            detok.flush()
                         text = detok.text
-                        limit = len(text) if cell.text_limit is None else cell.text_limit
-                    else:
-                        text = detok.text
-                        limit = len(text) - hold
-                    new_text = text[emitted[i] : limit] if limit > emitted[i] else ""
-                    emitted[i] = max(emitted[i], limit)
+                        if finished:
+                            limit = len(text) if cell.text_limit is None else cell.text_limit
+                        else:
+                            limit = len(text) - hold
+                        new_text = text[emitted[i] : limit] if limit > emitted[i] else ""
+                        emitted[i] = max(emitted[i], limit)
                     progressed = True
                     if finished:
                         done[i] = True

@@ -26,7 +26,7 @@ from aserve.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
 from aserve.device.staging import PinnedStaging
 from aserve.kv.pool import KVPool
-from aserve.sampling.sampler import SampleOutput, make_sampling_batch, sample
+from aserve.sampling.sampler import SampleOutput, has_penalty, make_sampling_batch, sample
 from aserve.scheduler.future_map import FutureMap
 from aserve.scheduler.policy import Plan
 from aserve.scheduler.req import Req
@@ -177,8 +177,7 @@ class ModelRunner:
             seeds.append(req.seed)
             steps.append(s.output_index)
             prompts.append(req.prompt_ids)
-            p = req.params
-            if p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            if has_penalty(req.params):
                 # Only penalties read the output so far: copying it for every request on
                 # every step would cost O(tokens generated) per step.
                 out = list(req.output_ids)
@@ -190,9 +189,10 @@ class ModelRunner:
                 outputs.append(_NO_OUTPUTS)
         graph_in: list[int] | None = None
         graphs = self.decode_graphs
-        if graphs is not None and len(decode_rows) == len(rows) and graphs.size_for(len(rows)) is not None:
-            # Every sequence decodes (its input comes from the FutureMap): a captured graph's step.
-            graph_in = graphs.host_inputs(rows, prefix, slots)  # [3 * Bp], row-major [3, Bp]
+        if graphs is not None and len(decode_rows) == len(rows):
+            # Every sequence decodes (its input comes from the FutureMap): a captured graph's
+            # step, if the batch fits the ladder. [3 * Bp], row-major [3, Bp].
+            graph_in = graphs.host_inputs(rows, prefix, slots)
         logits_idx: list[int] = []
         acc = 0
         for e in extend:

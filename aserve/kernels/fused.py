@@ -18,18 +18,24 @@ import triton.language as tl
 
 
 @triton.jit
+def _norm_row(x, w, dim, eps, GEMMA: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """One row of RMSNorm in float32, rounded to ``OUT_DTYPE`` where the eager module rounds."""
+    rs = 1.0 / tl.sqrt(tl.sum(x * x, 0) / dim + eps)
+    if GEMMA:
+        y = x * rs * (1.0 + w.to(tl.float32))
+    else:
+        y = (x * rs).to(OUT_DTYPE).to(tl.float32) * w.to(tl.float32)
+    return y.to(OUT_DTYPE)
+
+
+@triton.jit
 def _rmsnorm_kernel(X, W, Y, stride_x, stride_y, dim, eps, GEMMA: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    rs = 1.0 / tl.sqrt(tl.sum(x * x, 0) / dim + eps)
     w = tl.load(W + cols, mask=mask, other=0.0)
-    if GEMMA:
-        y = x * rs * (1.0 + w.to(tl.float32))
-    else:
-        y = (x * rs).to(W.dtype.element_ty).to(tl.float32) * w.to(tl.float32)
-    tl.store(Y + row * stride_y + cols, y.to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + row * stride_y + cols, _norm_row(x, w, dim, eps, GEMMA, Y.dtype.element_ty), mask=mask)
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> torch.Tensor:
@@ -44,17 +50,6 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> t
             x2, weight, y, x2.stride(0), y.stride(0), dim, eps, GEMMA=gemma, BLOCK=triton.next_power_of_2(dim)
         )
     return y.view(x.shape)
-
-
-@triton.jit
-def _norm_row(x, w, dim, eps, GEMMA: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """One row of RMSNorm in float32, rounded to ``OUT_DTYPE`` where the eager module rounds."""
-    rs = 1.0 / tl.sqrt(tl.sum(x * x, 0) / dim + eps)
-    if GEMMA:
-        y = x * rs * (1.0 + w.to(tl.float32))
-    else:
-        y = (x * rs).to(OUT_DTYPE).to(tl.float32) * w.to(tl.float32)
-    return y.to(OUT_DTYPE)
 
 
 @triton.jit

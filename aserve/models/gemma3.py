@@ -7,16 +7,7 @@ from torch import nn
 
 from aserve.attention.metadata import AttentionMetadata
 from aserve.models.config import ModelConfig
-from aserve.models.layers import (
-    GatedMLP,
-    KVCache,
-    PagedSelfAttention,
-    RMSNorm,
-    Rotary,
-    add_norm,
-    check_kv_cache,
-    layer_input_norms,
-)
+from aserve.models.layers import GatedMLP, KVCache, PagedSelfAttention, RMSNorm, Rotary, add_norm, run_decoder_layers
 
 
 class Gemma3DecoderLayer(nn.Module):
@@ -79,18 +70,15 @@ class Gemma3ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices
-        check_kv_cache(kv_cache, len(self.model.layers))
         emb = self.model.embed_tokens
         h = emb(input_ids)  # [T, hidden]
         # HF keeps the sqrt(hidden) normaliser as a float32 scalar cast to the weight dtype.
         h = h * torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(h.dtype)
         local = self.rope_local.cos_sin(meta.positions, h.dtype)
         glob = self.rope_global.cos_sin(meta.positions, h.dtype)
-        layers = self.model.layers
-        norms = layer_input_norms(layers, self.model.norm)  # each layer's, then the final one
-        x = norms[0](h)
-        for layer, kv, next_norm in zip(layers, kv_cache, norms[1:], strict=True):
-            h, x = layer(h, x, local if layer.sliding else glob, meta, kv, next_norm)
+        x = run_decoder_layers(
+            self.model.layers, self.model.norm, h, lambda layer: local if layer.sliding else glob, meta, kv_cache
+        )
         h = x[meta.logits_indices]  # [B, hidden], after the final norm
         weight = self.lm_head.weight if self.lm_head is not None else emb.weight
         logits = (h @ weight.t()).float()  # [B, vocab]

@@ -6,6 +6,7 @@ Parameter names mirror Hugging Face transformers so checkpoints map one to one.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -57,9 +58,24 @@ def add_norm(
     return h, norm(h)
 
 
-def layer_input_norms(layers: nn.ModuleList, final: RMSNorm) -> list[RMSNorm]:
-    """Each decoder layer's ``input_layernorm`` followed by the model's final norm."""
-    return [*(cast(RMSNorm, layer.input_layernorm) for layer in layers), final]
+def run_decoder_layers(
+    layers: nn.ModuleList,
+    final_norm: RMSNorm,
+    h: torch.Tensor,
+    rope: Callable[[nn.Module], tuple[torch.Tensor, torch.Tensor]],
+    meta: AttentionMetadata,
+    kv_cache: KVCache,
+) -> torch.Tensor:
+    """The decoder stack on the embeddings ``h`` [T, hidden] -> ``final_norm`` of its output.
+
+    Each layer gets the residual stream and its normalised input, and hands the next layer
+    (or the final norm) both, so the add and the next norm can run as one kernel."""
+    check_kv_cache(kv_cache, len(layers))
+    norms = [*(cast(RMSNorm, layer.input_layernorm) for layer in layers), final_norm]
+    x = norms[0](h)
+    for layer, kv, next_norm in zip(layers, kv_cache, norms[1:], strict=True):
+        h, x = layer(h, x, rope(layer), meta, kv, next_norm)
+    return x
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:

@@ -443,6 +443,11 @@ def _pad(rows: Sequence[Sequence[int]], device: torch.device | str) -> Tensor:
     return torch.tensor(padded, dtype=torch.int64, device=device)
 
 
+def has_penalty(p: SamplingParamsLike) -> bool:
+    """Whether the row's sampling reads the tokens generated so far (and the prompt)."""
+    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
+
+
 def make_sampling_batch(
     params_list: Sequence[SamplingParamsLike],
     seeds: Sequence[int],
@@ -469,7 +474,7 @@ def make_sampling_batch(
     sampled_rows = [i for i in range(n) if not greedy[i]]
 
     any_rep = any(r != 1.0 for r in reps)
-    any_penalty = any_rep or any(f != 0.0 for f in freqs) or any(p != 0.0 for p in press)
+    any_penalty = any(has_penalty(p) for p in params_list)
     requested = [p.logprobs for p in params_list if p.logprobs is not None]
 
     def f32(values: list[float]) -> Tensor:
