@@ -569,9 +569,16 @@ class Engine:
     async def _ingest_loop(self, recv: MemoryObjectReceiveStream[list[Req]]) -> None:
         async with recv:
             async for reqs in recv:
-                for r in reqs:
-                    if not r.finished:  # aborted before it reached the queue
-                        self.scheduler.add(r)
+                # Everything already queued goes in before the planner runs again: requests
+                # that arrive together are admitted together, not one per step.
+                batch = [reqs]
+                with contextlib.suppress(anyio.WouldBlock):
+                    while True:
+                        batch.append(recv.receive_nowait())
+                for group in batch:
+                    for r in group:
+                        if not r.finished:  # aborted before it reached the queue
+                            self.scheduler.add(r)
                 self._work.set()
 
     async def _plan_loop(self, send: MemoryObjectSendStream[Step]) -> None:

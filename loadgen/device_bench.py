@@ -282,8 +282,39 @@ def profile_host(shape: str, root: Path, tok_dir: Path, device: str, dtype: str,
     prof = cProfile.Profile()
     run_throughput(shape, root, tok_dir, device, dtype, 64, 128, 256, True, 256, opts, profiler=prof)
     buf = io.StringIO()
-    pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+    stats = pstats.Stats(prof, stream=buf)
+    stats.sort_stats("tottime").print_stats(30)
+    stats.sort_stats("cumulative").print_stats(45)
     return buf.getvalue()
+
+
+class _TorchProfiler:
+    """torch.profiler behind the enable/disable pair that ``run_throughput`` calls."""
+
+    def __init__(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+        self.prof = profile(activities=acts)
+
+    def enable(self) -> None:
+        self.prof.start()
+
+    def disable(self) -> None:
+        self.prof.stop()
+
+
+def profile_device(shape: str, root: Path, tok_dir: Path, device: str, dtype: str, opts: dict[str, Any]) -> str:
+    """torch.profiler over a short decode-heavy run: device time per kernel, host time per op."""
+    p = _TorchProfiler()
+    run_throughput(shape, root, tok_dir, device, dtype, 64, 128, 64, True, 256, opts, profiler=p)
+    avg = p.prof.key_averages()
+    dev_key = "self_cuda_time_total" if device == "cuda" else "self_cpu_time_total"
+    return (
+        avg.table(sort_by=dev_key, row_limit=30, max_name_column_width=60)
+        + "\n"
+        + avg.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60)
+    )
 
 
 def main() -> None:
@@ -296,7 +327,7 @@ def main() -> None:
     ap.add_argument(
         "--only",
         default="wake,parity,bf16,w2",
-        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, w3, profile",
+        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, w3, profile, kprofile",
     )
     ap.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     ap.add_argument(
@@ -404,7 +435,11 @@ def main() -> None:
         save()
     if "profile" in only:
         results["profile"] = profile_host(g, root, tok, args.device, bf16, opts)
-        print(results["profile"][-6000:], flush=True)
+        print(results["profile"], flush=True)
+        save()
+    if "kprofile" in only:
+        results["kprofile"] = profile_device(g, root, tok, args.device, bf16, opts)
+        print(results["kprofile"], flush=True)
         save()
     save()
     _table(results)

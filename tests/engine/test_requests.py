@@ -276,3 +276,20 @@ def test_trio_backend(tiny_llama: tuple[Path, Any]) -> None:
 
     ref, _ = hf_greedy(tiny_llama[1], _prompt(9), 6)
     assert anyio.run(main, backend="trio") == ref
+
+
+async def test_requests_submitted_together_are_admitted_together(tiny_llama: tuple[Path, Any]) -> None:
+    # 24 tasks started in one go: their prompts reach the scheduler before it plans, so
+    # the first step prefills all of them (not one request per step, as a per-item ingest
+    # loop that yields between items would do).
+    async with aserve.Engine(model=str(tiny_llama[0]), max_context=256, warmup=False) as eng:
+        params = aserve.SamplingParams(max_tokens=3, temperature=0)
+
+        async def one(i: int) -> None:
+            await eng.complete(_prompt(i), params)
+
+        async with anyio.create_task_group() as tg:
+            for i in range(24):
+                tg.start_soon(one, i)
+        first = eng.step_records()[0]
+    assert first.num_seqs == 24 and first.num_decodes == 0
