@@ -142,9 +142,7 @@ class Scheduler:
         ]
         decodes = decodes[:budget]
         need = sum(self.pool.pages_needed(len(r.pages), r.num_computed + 1) for r in decodes)
-        if need > self.pool.pages.num_free:
-            self.prefix.make_room(need)  # cached, unused prefixes go before anyone is retracted
-        if need > self.pool.pages.num_free:
+        if not self._room_for(need):  # cached, unused prefixes go before anyone is retracted
             if pipeline_busy:
                 return Blocked.DRAIN
             decodes = self._retract_until_fits(decodes)
@@ -275,9 +273,7 @@ class Scheduler:
         start = r.num_computed
         n = min(len(r.fill_ids) - start, budget)
         need = self.pool.pages_needed(len(r.pages), start + n)
-        if need + reserve_pages > self.pool.pages.num_free:
-            self.prefix.make_room(need + reserve_pages)
-        if need + reserve_pages > self.pool.pages.num_free:
+        if not self._room_for(need + reserve_pages):
             # Shrink the chunk to what fits (chunked prefill makes progress anyway).
             fit_pages = self.pool.pages.num_free - reserve_pages
             if fit_pages <= 0 and self.pool.pages_needed(len(r.pages), start + 1) > 0:
@@ -317,18 +313,24 @@ class Scheduler:
             (r for r in self.running if not r.resources_freed and not r.finished),
             key=lambda r: r.admitted_seq,
         )
-        while need(decodes) > self.pool.pages.num_free and victims:
+        # A victim's committed KV is published to the prefix cache, not freed: each check
+        # evicts unlocked cached pages first, or the loop would retract everyone.
+        while not self._room_for(need(decodes)) and victims:
             victim = victims.pop()
             if len(victims) == 0 and victim in decodes and len(decodes) == 1:
                 # Alone and still out of memory: the pool cannot hold this request's context.
                 break
             self._retract(victim)
             decodes = [r for r in decodes if r is not victim]
-        fits = [
-            r for r in decodes if self.pool.pages_needed(len(r.pages), r.num_computed + 1) <= self.pool.pages.num_free
-        ]
+        fits = [r for r in decodes if self._room_for(self.pool.pages_needed(len(r.pages), r.num_computed + 1))]
         self.stuck.extend(r for r in decodes if r not in fits)
         return fits
+
+    def _room_for(self, pages: int) -> bool:
+        """Whether ``pages`` can be allocated now, evicting unlocked cached prefixes if needed."""
+        if pages > self.pool.pages.num_free:
+            self.prefix.make_room(pages)
+        return pages <= self.pool.pages.num_free
 
     def _retract(self, req: Req) -> None:
         assert req.inflight == 0, f"retracting {req.rid} while a step still reads it"
