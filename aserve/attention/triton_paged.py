@@ -231,8 +231,20 @@ def paged_attention_triton(
     sliding_window: int | None,
 ) -> torch.Tensor:
     """Same contract as ``reference.paged_attention`` (without soft-capping). Returns [T, H, D]."""
-    assert q.shape[2] in (16, 32, 64, 128, 256), f"head_dim {q.shape[2]} is not supported by the Triton kernels"
     write_kv(k, v, k_cache, v_cache, meta)
+    return attend_triton(q, k_cache, v_cache, meta, scale, sliding_window)
+
+
+def attend_triton(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """Attention of q [T, H, D] over the caches, whose new tokens' K/V are already written."""
+    assert q.shape[2] in (16, 32, 64, 128, 256), f"head_dim {q.shape[2]} is not supported by the Triton kernels"
     q = q.contiguous()
     if all(e == 1 for e in meta.extend_lens_cpu):
         return _decode(q, k_cache, v_cache, meta, scale, sliding_window)

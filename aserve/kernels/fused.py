@@ -1,6 +1,8 @@
 """Fused small ops in Triton: RMSNorm (Llama and Gemma ``1 + w`` forms), RMSNorm fused with
 the residual add (and, for Gemma's sandwich norms, with the sub-block's post-norm), rotary
-embedding, gated activations. Each replaces several eager kernels (and their Python launches) by one.
+embedding, gated activations, and the attention block's prologue (q/k norm, rotary and the
+KV cache write from one fused q/k/v projection). Each replaces several eager kernels (and
+their Python launches) by one.
 
 They follow the torch definitions in ``aserve/models/layers.py``: statistics in float32;
 RMSNorm rounds where the model does (Gemma: once at the end; Llama: the normalised value is
@@ -18,14 +20,21 @@ import triton.language as tl
 
 
 @triton.jit
-def _norm_row(x, w, dim, eps, GEMMA: tl.constexpr, OUT_DTYPE: tl.constexpr):
-    """One row of RMSNorm in float32, rounded to ``OUT_DTYPE`` where the eager module rounds."""
-    rs = 1.0 / tl.sqrt(tl.sum(x * x, 0) / dim + eps)
+def _scale_row(x, rs, w, GEMMA: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """RMSNorm's second half: ``x`` (float32) times ``rs = 1 / rms`` and the weight, rounded
+    to ``OUT_DTYPE`` where the eager module rounds."""
     if GEMMA:
         y = x * rs * (1.0 + w.to(tl.float32))
     else:
         y = (x * rs).to(OUT_DTYPE).to(tl.float32) * w.to(tl.float32)
     return y.to(OUT_DTYPE)
+
+
+@triton.jit
+def _norm_row(x, w, dim, eps, GEMMA: tl.constexpr, OUT_DTYPE: tl.constexpr):
+    """One row of RMSNorm in float32, rounded to ``OUT_DTYPE`` where the eager module rounds."""
+    rs = 1.0 / tl.sqrt(tl.sum(x * x, 0) / dim + eps)
+    return _scale_row(x, rs, w, GEMMA, OUT_DTYPE)
 
 
 @triton.jit
@@ -131,26 +140,106 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 @triton.jit
-def _gated_kernel(G, U, Y, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < n
-    g = tl.load(G + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(U + offs, mask=mask, other=0.0).to(tl.float32)
+def _gated_kernel(G, U, Y, stride_g, stride_u, stride_y, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < n
+    g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
+    u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
     if GELU:
         # gelu, tanh approximation; tanh(z) = 2 * sigmoid(2z) - 1
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
         act = 0.5 * g * (1.0 + (2.0 * tl.sigmoid(2.0 * z) - 1.0))
     else:
         act = g * tl.sigmoid(g)
-    tl.store(Y + offs, (act * u).to(Y.dtype.element_ty), mask=mask)
+    tl.store(Y + row * stride_y + cols, (act * u).to(Y.dtype.element_ty), mask=mask)
 
 
 def gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
-    """act(gate) * up, elementwise; act is "gelu_tanh" or "silu"."""
-    gate, up = gate.contiguous(), up.contiguous()
-    y = torch.empty_like(gate)
-    n = gate.numel()
-    if n:
-        block = 1024
-        _gated_kernel[(triton.cdiv(n, block),)](gate, up, y, n, GELU=act == "gelu_tanh", BLOCK=block)
-    return y
+    """act(gate) * up, elementwise; act is "gelu_tanh" or "silu". ``gate`` and ``up`` may be
+    the two column halves of one fused gate/up projection ([T, 2I] -> two [T, I] views)."""
+    shape = gate.shape
+    n = shape[-1]
+    gate, up = gate.reshape(-1, n), up.reshape(-1, n)
+    gate = gate if gate.stride(-1) == 1 else gate.contiguous()
+    up = up if up.stride(-1) == 1 else up.contiguous()
+    y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if y.numel():
+        block = min(1024, triton.next_power_of_2(n))
+        _gated_kernel[(gate.shape[0], triton.cdiv(n, block))](
+            gate, up, y, gate.stride(0), up.stride(0), y.stride(0), n, GELU=act == "gelu_tanh", BLOCK=block
+        )
+    return y.view(shape)
+
+
+@triton.jit
+def _qkv_prep_kernel(
+    QKV, QW, KW, Cos, Sin, Slots, Q, KC, VC,
+    stride_t, stride_ct, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, eps,
+    H: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, GEMMA: tl.constexpr,
+):  # fmt: skip
+    """One (token, head) of a fused q/k/v projection row [q heads | k heads | v heads]:
+    per-head RMSNorm (q and k, when NORM), rotary (q and k), q to ``Q``, k and v to the KV
+    cache at the token's slot. Rounds where the eager norm, rotary and cache write round."""
+    t = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)
+    i = tl.arange(0, HALF)
+    dt = Q.dtype.element_ty
+    row = QKV + t * stride_t + j * (2 * HALF)
+    x1 = tl.load(row + i).to(tl.float32)
+    x2 = tl.load(row + HALF + i).to(tl.float32)
+    if NORM:
+        rs = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
+        if j < H:
+            w1 = tl.load(QW + i)
+            w2 = tl.load(QW + HALF + i)
+        else:
+            w1 = tl.load(KW + i)
+            w2 = tl.load(KW + HALF + i)
+        x1 = _scale_row(x1, rs, w1, GEMMA, dt).to(tl.float32)
+        x2 = _scale_row(x2, rs, w2, GEMMA, dt).to(tl.float32)
+    c1 = tl.load(Cos + t * stride_ct + i).to(tl.float32)
+    c2 = tl.load(Cos + t * stride_ct + HALF + i).to(tl.float32)
+    s1 = tl.load(Sin + t * stride_ct + i).to(tl.float32)
+    s2 = tl.load(Sin + t * stride_ct + HALF + i).to(tl.float32)
+    y1 = (x1 * c1 - x2 * s1).to(dt)  # rotate_half(x) = (-x2, x1)
+    y2 = (x2 * c2 + x1 * s2).to(dt)
+    if j < H:
+        tl.store(Q + t * stride_qt + j * stride_qh + i, y1)
+        tl.store(Q + t * stride_qt + j * stride_qh + HALF + i, y2)
+    else:
+        kvh = j - H
+        slot = tl.load(Slots + t)
+        k_dst = KC + slot * stride_ks + kvh * stride_kh
+        tl.store(k_dst + i, y1.to(KC.dtype.element_ty))
+        tl.store(k_dst + HALF + i, y2.to(KC.dtype.element_ty))
+        v_src = row + HKV * (2 * HALF)  # the same KV head's v, HKV heads further along
+        v_dst = VC + slot * stride_vs + kvh * stride_vh
+        tl.store(v_dst + i, tl.load(v_src + i).to(VC.dtype.element_ty))
+        tl.store(v_dst + HALF + i, tl.load(v_src + HALF + i).to(VC.dtype.element_ty))
+
+
+def qkv_prep(
+    qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+    q_weight: torch.Tensor | None, k_weight: torch.Tensor | None, eps: float, gemma: bool,
+    cos: torch.Tensor, sin: torch.Tensor, slots: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """From a fused projection ``qkv`` [T, (H + 2 Hkv) D]: q [T, H, D] normed (optional) and
+    rotated; k likewise and v as is, stored at ``slots`` [T] in the caches [S, Hkv, D].
+    One kernel in place of two norms, two rotaries and the two cache writes."""
+    t = qkv.shape[0]
+    assert qkv.shape[1] == (num_heads + 2 * num_kv_heads) * head_dim and qkv.stride(-1) == 1
+    assert (q_weight is None) == (k_weight is None)
+    cos2, sin2 = cos.reshape(t, head_dim), sin.reshape(t, head_dim)
+    if cos2.stride(-1) != 1 or sin2.stride(-1) != 1 or cos2.stride(0) != sin2.stride(0):
+        cos2, sin2 = cos2.contiguous(), sin2.contiguous()
+    q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if t:
+        _qkv_prep_kernel[(t, num_heads + num_kv_heads)](
+            qkv, qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
+            cos2, sin2, slots, q, k_cache, v_cache,
+            qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps,
+            H=num_heads, HKV=num_kv_heads, HALF=head_dim // 2, NORM=q_weight is not None, GEMMA=gemma,
+        )  # fmt: skip
+    return q

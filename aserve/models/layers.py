@@ -131,14 +131,30 @@ class GatedMLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
         self.act = act
         self.fused = False
+        self.gate_up_weight: torch.Tensor | None = None  # [2 * inter, hidden], see pack_weights
+
+    def pack_weights(self) -> None:
+        """One [gate; up] weight so the fused path runs one GEMM; the two projections'
+        weights become views into it (no extra memory). Call after the weights are loaded."""
+        if self.gate_up_weight is None:
+            w = torch.cat([self.gate_proj.weight.data, self.up_proj.weight.data])
+            inter = self.gate_proj.weight.shape[0]
+            self.gate_proj.weight.data, self.up_proj.weight.data = w[:inter], w[inter:]
+            self.gate_up_weight = w
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden]
-        gate = self.gate_proj(x)  # [T, inter]
         if self.fused:
             from aserve.kernels.fused import gated
 
-            return self.down_proj(gated(gate, self.up_proj(x), self.act))
+            inter = self.gate_proj.weight.shape[0]
+            if self.gate_up_weight is not None:
+                gu = F.linear(x, self.gate_up_weight)  # [T, 2 * inter]
+                gate, up = gu[:, :inter], gu[:, inter:]
+            else:
+                gate, up = self.gate_proj(x), self.up_proj(x)
+            return self.down_proj(gated(gate, up, self.act))
+        gate = self.gate_proj(x)  # [T, inter]
         gate = F.gelu(gate, approximate="tanh") if self.act == "gelu_tanh" else F.silu(gate)
         return self.down_proj(gate * self.up_proj(x))
 
@@ -171,11 +187,30 @@ class PagedSelfAttention(nn.Module):
         self.v_proj = nn.Linear(hidden, num_kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(num_heads * head_dim, hidden, bias=False)
         self.fused = False
+        self.qkv_weight: torch.Tensor | None = None  # [(H + 2 Hkv) D, hidden], see pack_weights
+        self.qkv_bias: torch.Tensor | None = None
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if qk_norm_eps is not None:
             self.q_norm = RMSNorm(head_dim, qk_norm_eps, gemma=True)
             self.k_norm = RMSNorm(head_dim, qk_norm_eps, gemma=True)
+
+    def pack_weights(self) -> None:
+        """One [q; k; v] weight (and bias) so the fused path runs one GEMM; the projections'
+        weights become views into it (no extra memory). Call after the weights are loaded."""
+        if self.qkv_weight is not None:
+            return
+        projs = (self.q_proj, self.k_proj, self.v_proj)
+        w = torch.cat([p.weight.data for p in projs])
+        b = torch.cat([p.bias.data for p in projs]) if self.q_proj.bias is not None else None
+        start = 0
+        for p in projs:
+            n = p.weight.shape[0]
+            p.weight.data = w[start : start + n]
+            if b is not None:
+                p.bias.data = b[start : start + n]
+            start += n
+        self.qkv_weight, self.qkv_bias = w, b
 
     def forward(
         self,
@@ -186,9 +221,16 @@ class PagedSelfAttention(nn.Module):
     ) -> torch.Tensor:
         # x: [T, hidden]
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
-        k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.fused and self.qkv_weight is not None and meta.backend == "triton" and self.softcap is None:
+            return self._forward_fused(x, cos_sin, meta, kv)
+        h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        if self.fused and self.qkv_weight is not None:
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+            q, k, v = (u.view(t, -1, d) for u in qkv.split([h * d, hkv * d, hkv * d], dim=1))
+        else:
+            q = self.q_proj(x).view(t, h, d)  # [T, H, D]
+            k = self.k_proj(x).view(t, hkv, d)  # [T, Hkv, D]
+            v = self.v_proj(x).view(t, hkv, d)  # [T, Hkv, D]
         if self.q_norm is not None and self.k_norm is not None:
             q = self.q_norm(q)
             k = self.k_norm(k)
@@ -208,12 +250,39 @@ class PagedSelfAttention(nn.Module):
             out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
+    def _forward_fused(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,
+        kv: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """One GEMM for q/k/v, one kernel for norms + rotary + cache write, then attention:
+        the same arithmetic as ``forward``'s fused-op path in three launches instead of ~8."""
+        from aserve.attention.triton_paged import attend_triton
+        from aserve.kernels.fused import qkv_prep
+
+        assert self.qkv_weight is not None
+        t = x.shape[0]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)  # [T, (H + 2 Hkv) D]
+        qn, kn = self.q_norm, self.k_norm
+        q = qkv_prep(
+            qkv, self.num_heads, self.num_kv_heads, self.head_dim,
+            None if qn is None else qn.weight, None if kn is None else kn.weight,
+            0.0 if qn is None else qn.eps, qn is not None and qn.gemma,
+            cos_sin[0], cos_sin[1], meta.out_cache_loc, kv[0], kv[1],
+        )  # fmt: skip
+        out = attend_triton(q, kv[0], kv[1], meta, self.scale, self.sliding_window)  # [T, H, D]
+        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
 
 def set_fused_ops(model: nn.Module, on: bool) -> None:
     """Switch every norm, MLP and attention block of ``model`` to the Triton kernels."""
     for module in model.modules():
         if isinstance(module, (RMSNorm, GatedMLP, PagedSelfAttention)):
             module.fused = on
+        if on and isinstance(module, (GatedMLP, PagedSelfAttention)):
+            module.pack_weights()
 
 
 def check_kv_cache(kv_cache: KVCache, num_layers: int) -> None:

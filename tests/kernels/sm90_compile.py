@@ -76,6 +76,11 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         for gelu in (True, False):
             out.append((f"gated gelu={gelu} {dtype}", fused._gated_kernel, {"G": act, "U": act, "Y": act},
                         {"GELU": gelu, "BLOCK": 1024}))  # fmt: skip
+        # (query heads, KV heads, head_dim / 2, per-head q/k norm): Gemma 3 270M, Llama 3.2 1B.
+        for h, hkv, half, norm in ((4, 1, 128, True), (32, 8, 32, False)):
+            ptrs = {n: act for n in ("QKV", "QW", "KW", "Cos", "Sin", "Q", "KC", "VC")} | {"Slots": "*i64"}
+            out.append((f"qkv_prep h={h} hkv={hkv} half={half} {dtype}", fused._qkv_prep_kernel, ptrs,
+                        {"H": h, "HKV": hkv, "HALF": half, "NORM": norm, "GEMMA": norm}))  # fmt: skip
     return out
 
 

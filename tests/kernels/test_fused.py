@@ -94,3 +94,67 @@ def test_add_rmsnorm_writes_every_element(monkeypatch: pytest.MonkeyPatch) -> No
     x = torch.randn(5, 96).to(DEVICE)
     h, y = fused.add_rmsnorm(x, torch.randn(5, 96).to(DEVICE), torch.ones(96).to(DEVICE), 1e-6, False)
     assert torch.isfinite(h).all() and torch.isfinite(y).all()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_on_fused_projection_halves(dtype: torch.dtype) -> None:
+    """The fused MLP hands the kernel the two column halves of one [T, 2I] GEMM output."""
+    g = torch.Generator().manual_seed(8)
+    gu = (torch.randn(6, 2 * 200, generator=g) * 3).to(DEVICE, dtype)
+    gate, up = gu[:, :200], gu[:, 200:]
+    ref = F.gelu(gate.float(), approximate="tanh") * up.float()
+    torch.testing.assert_close(gated(gate, up, "gelu_tanh").float(), ref, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "dim", "norm"),
+    [(4, 1, 256, True), (8, 2, 64, False), (4, 4, 32, True), (6, 2, 128, False)],
+)
+def test_qkv_prep_matches_norm_rotary_and_cache_write(
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, norm: bool
+) -> None:
+    """q/k norm + rotary + KV write from one fused projection == the eager modules in turn;
+    q is fully written (poisoned output), only the tokens' cache slots change."""
+    from aserve.kernels.fused import qkv_prep
+
+    g = torch.Generator().manual_seed(heads * dim + norm)
+    t, slots_total = 7, 40
+    qkv = (torch.randn(t, (heads + 2 * kv_heads) * dim, generator=g) * 2).to(DEVICE, dtype)
+    positions = torch.randint(0, 3000, (t,), generator=g).to(DEVICE)
+    slots = torch.randperm(slots_total, generator=g)[:t].to(DEVICE)
+    cos, sin = Rotary(dim, 10000.0, None).cos_sin(positions, dtype)
+    q_norm = RMSNorm(dim, 1e-6, gemma=True).to(DEVICE, dtype)
+    k_norm = RMSNorm(dim, 1e-6, gemma=True).to(DEVICE, dtype)
+    with torch.no_grad():
+        q_norm.weight.copy_(torch.randn(dim, generator=g) * 0.3)
+        k_norm.weight.copy_(torch.randn(dim, generator=g) * 0.3)
+    caches = [torch.randn(slots_total, kv_heads, dim, generator=g).to(DEVICE, dtype) for _ in range(4)]
+    k_ref, v_ref, k_out, v_out = caches
+    k_out.copy_(k_ref)
+    v_out.copy_(v_ref)
+
+    q, k, v = (u.view(t, -1, dim) for u in qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1))
+    if norm:
+        q, k = q_norm(q), k_norm(k)
+    q_exp, k_exp = rotary(q, cos, sin), rotary(k, cos, sin)
+    k_ref[slots], v_ref[slots] = k_exp, v  # the eager cache write (reference.write_kv)
+
+    import aserve.kernels.fused as fused
+
+    real_empty = torch.empty
+    try:
+        fused.torch.empty = lambda *a, **k: real_empty(*a, **k).fill_(float("nan"))  # type: ignore[assignment]
+        q_out = qkv_prep(
+            qkv, heads, kv_heads, dim, q_norm.weight if norm else None, k_norm.weight if norm else None,
+            1e-6, True, cos, sin, slots, k_out, v_out,
+        )  # fmt: skip
+    finally:
+        fused.torch.empty = real_empty  # type: ignore[assignment]
+    assert q_out.shape == (t, heads, dim) and torch.isfinite(q_out).all()
+    torch.testing.assert_close(q_out, q_exp, **_tol(dtype))
+    torch.testing.assert_close(k_out[slots], k_ref[slots], **_tol(dtype))
+    assert torch.equal(v_out, v_ref)  # v is copied as is
+    untouched = torch.ones(slots_total, dtype=torch.bool, device=DEVICE)
+    untouched[slots] = False
+    assert torch.equal(k_out[untouched], k_ref[untouched])
