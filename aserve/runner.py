@@ -26,7 +26,14 @@ from aserve.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
 from aserve.device.staging import PinnedStaging
 from aserve.kv.pool import KVPool
-from aserve.sampling.sampler import SampleOutput, has_penalty, make_sampling_batch, sample
+from aserve.sampling.sampler import (
+    SampleOutput,
+    SamplingBatch,
+    has_penalty,
+    is_plain_greedy,
+    make_sampling_batch,
+    sample,
+)
 from aserve.scheduler.future_map import FutureMap
 from aserve.scheduler.policy import Plan
 from aserve.scheduler.req import Req
@@ -104,6 +111,7 @@ class ModelRunner:
         self.cpu_stream = cpu_stream
         self.cuda_waiter = cuda_waiter
         self._index = 0
+        self.fast_graph_steps = 0  # steps whose host inputs took the greedy graph fast path
         # Per-slot pinned buffers (3 > pipeline depth, see PinnedStaging) for inputs and outputs.
         self.staging = PinnedStaging(3, pin=device.type == "cuda")
         self.out_staging = PinnedStaging(3, pin=device.type == "cuda")
@@ -133,6 +141,9 @@ class ModelRunner:
     # -- host side -------------------------------------------------------------
 
     def _build_host_inputs(self, plan: Plan) -> dict[str, Any]:
+        fast = self._graph_fast_inputs(plan)
+        if fast is not None:
+            return fast
         rows: list[int] = []
         gens: list[int] = []
         prefix: list[int] = []
@@ -235,6 +246,32 @@ class ModelRunner:
             "sampling": (params, seeds, steps, prompts, outputs),
         }
 
+    def _graph_fast_inputs(self, plan: Plan) -> dict[str, Any] | None:
+        """The common steady-state step: every sequence decodes greedily (no penalty, no
+        logprobs) and the batch fits a captured graph. Only the graph's input, rows and
+        generations are built and uploaded, and no sampling tensors at all: the graph's
+        argmax is the step's output. None when the step needs the general path."""
+        graphs = self.decode_graphs
+        if graphs is None:
+            return None
+        for s in plan.seqs:
+            if s.input_ids is not None or s.prefix_slots or not is_plain_greedy(s.req.params):
+                return None
+        rows = [s.row for s in plan.seqs]
+        positions = [s.prefix_len for s in plan.seqs]
+        graph_in = graphs.host_inputs(rows, positions, [s.slots[0] for s in plan.seqs])
+        if graph_in is None:
+            return None
+        n, g = len(rows), len(graph_in)
+        self.fast_graph_steps += 1
+        return {
+            "packed_i64": torch.tensor(graph_in + rows + [s.generation for s in plan.seqs], dtype=torch.int64),
+            "spans": {"graph_in": (0, g), "rows": (g, n), "gens": (g + n, n)},
+            "prefix_cpu": positions,
+            "extend_cpu": [1] * n,
+            "sampling": None,
+        }
+
     def _step(
         self, index: int, plan: Plan, begin: DeviceEvent, materialized: DeviceEvent, copied: DeviceEvent,
         keepalive: list[Any],
@@ -291,14 +328,14 @@ class ModelRunner:
         publish inside); the sampler runs after it only when some row does not decode greedily."""
         graphs, fm = self.decode_graphs, self.future_map
         assert graphs is not None
-        fm.check(dev["decode_rows"], dev["decode_gens"])
+        fm.check(dev["rows"], dev["gens"])  # every row decodes: rows are the decode rows
         with torch.inference_mode():
             g = graphs.run(dev["graph_in"])
             b = dev["rows"].shape[0]
             if fm.debug:
                 fm.generations[dev["rows"]] = dev["gens"]
             sbatch = dev["sbatch"]
-            if sbatch.all_greedy and not sbatch.any_penalty and sbatch.num_logprobs < 0:
+            if sbatch is None or (sbatch.all_greedy and not sbatch.any_penalty and sbatch.num_logprobs < 0):
                 # A copy: the graph's buffer is rewritten by the next replay, maybe before
                 # this step's device-to-host copy ran on the copy stream.
                 return SampleOutput(g.tokens[:b].clone(), None, None, None)
@@ -320,8 +357,7 @@ class ModelRunner:
         stream = self.cpu_stream
         assert stream is not None
         host |= unpack_int64(host["packed_i64"], host["spans"])
-        params, seeds, steps, prompts, outputs = host["sampling"]
-        host["sbatch"] = make_sampling_batch(params, seeds, steps, prompts, outputs, self.device)
+        host["sbatch"] = _sampling_batch(host["sampling"], self.device)
         result: dict[str, Any] = {}
         begin = stream.record(f"step{index}.forward_begin")
         stream.submit(lambda: result.__setitem__("out", self._device_work(host)))
@@ -338,12 +374,11 @@ class ModelRunner:
         return step
 
     def _launch_cuda(self, index: int, plan: Plan, host: dict[str, Any]) -> Step:
-        params, seeds, steps, prompts, outputs = host["sampling"]
-        sbatch_host = make_sampling_batch(params, seeds, steps, prompts, outputs, "cpu")
+        sbatch_host = _sampling_batch(host["sampling"], "cpu")  # None: a greedy graph step
         uploads = {"packed_i64": host["packed_i64"]}
         sampling_fields = {
             f.name: getattr(sbatch_host, f.name)
-            for f in dataclasses.fields(sbatch_host)
+            for f in (dataclasses.fields(sbatch_host) if sbatch_host is not None else ())
             if isinstance(getattr(sbatch_host, f.name), torch.Tensor)
         }
         uploads.update({"s." + k: v for k, v in sampling_fields.items()})
@@ -351,7 +386,7 @@ class ModelRunner:
             dev: dict[str, Any] = dict(self.staging.upload(index, uploads, self.device))
         dev |= unpack_int64(dev["packed_i64"], host["spans"])
         replaced: dict[str, Any] = {k: dev["s." + k] for k in sampling_fields}
-        dev["sbatch"] = dataclasses.replace(sbatch_host, **replaced)
+        dev["sbatch"] = None if sbatch_host is None else dataclasses.replace(sbatch_host, **replaced)
         dev["prefix_cpu"], dev["extend_cpu"] = host["prefix_cpu"], host["extend_cpu"]
         self.forward_stream.wait_stream(self.schedule_stream)
         with torch.cuda.stream(self.forward_stream):
@@ -371,6 +406,13 @@ class ModelRunner:
         step = self._step(index, plan, begin, materialized, copied, [dev, out])
         step._read_outputs = lambda: _bufs_to_outputs(bufs)
         return step
+
+
+def _sampling_batch(sampling: tuple[Any, ...] | None, device: torch.device | str) -> SamplingBatch | None:
+    if sampling is None:
+        return None
+    params, seeds, steps, prompts, outputs = sampling
+    return make_sampling_batch(params, seeds, steps, prompts, outputs, device)
 
 
 def unpack_int64(flat: torch.Tensor, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:

@@ -448,6 +448,11 @@ def has_penalty(p: SamplingParamsLike) -> bool:
     return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
 
 
+def is_plain_greedy(p: SamplingParamsLike) -> bool:
+    """Whether the row's token is the plain argmax: greedy, no penalty, no logprobs."""
+    return p.temperature < _GREEDY_EPS and p.logprobs is None and not has_penalty(p)
+
+
 def make_sampling_batch(
     params_list: Sequence[SamplingParamsLike],
     seeds: Sequence[int],

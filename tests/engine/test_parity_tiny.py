@@ -110,7 +110,7 @@ def test_decode_graph_in_graph_greedy_and_eager_sampler(tiny_llama: tuple[Path, 
     prompts = _prompts(384, 5, seed=6)
     refs = [hf_greedy(hf, p, 12)[0] for p in prompts]
 
-    async def run(cuda_graph: bool, sampled: bool) -> tuple[list[list[int]], int]:
+    async def run(cuda_graph: bool, sampled: bool) -> tuple[list[list[int]], int, int]:
         async with aserve.Engine(model=str(path), debug=True, warmup=False, attention_backend="triton",
                                  cuda_graph=cuda_graph, max_running_requests=6, max_context=128) as engine:  # fmt: skip
             out: dict[int, list[int]] = {}
@@ -125,11 +125,14 @@ def test_decode_graph_in_graph_greedy_and_eager_sampler(tiny_llama: tuple[Path, 
                     tg.start_soon(one, i)
             assert engine.ledger().all_free
             graphs = engine.runner.decode_graphs
-            return [out[i] for i in range(len(prompts))], 0 if graphs is None else graphs.runs
+            runs = 0 if graphs is None else graphs.runs
+            return [out[i] for i in range(len(prompts))], runs, engine.runner.fast_graph_steps
 
-    greedy, runs = anyio.run(run, True, False)
+    greedy, runs, fast = anyio.run(run, True, False)
     assert runs > 0 and greedy == refs
-    sampled_graph, runs = anyio.run(run, True, True)
-    sampled_eager, _ = anyio.run(run, False, True)
+    assert fast > 0, "greedy graph steps should skip the sampling inputs (host fast path)"
+    sampled_graph, runs, fast = anyio.run(run, True, True)
+    sampled_eager, _, _ = anyio.run(run, False, True)
     assert runs > 0 and sampled_graph == sampled_eager
+    assert fast == 0, "sampled rows need the sampler's inputs"
     assert sampled_graph != greedy  # the sampler really ran
