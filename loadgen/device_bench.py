@@ -5,6 +5,7 @@
 
 * copy/w1/floor/w3: see ``loadgen/gpu_workloads.py`` (W1 offline vs transformers
   ``generate_batch``, the decode-step floor, W3 through the HTTP server at three rates).
+* ops: each fused Triton kernel vs the eager ops it replaces vs ``torch.compile`` of them.
 
 * parity: float32, the engine's greedy tokens vs transformers' on the same random weights.
 * bf16:   the engine in bfloat16 on both shapes (a short batched run; tokens/s).
@@ -327,7 +328,7 @@ def main() -> None:
     ap.add_argument(
         "--only",
         default="wake,parity,bf16,w2",
-        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, w3, profile, kprofile",
+        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, w3, ops, profile, kprofile",
     )
     ap.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     ap.add_argument(
@@ -432,6 +433,9 @@ def main() -> None:
         n, il, ol = (12, 8, 4) if args.tiny else (200, 256, 256)
         results["w3"] = gw.w3_online(path, rates, n, il, ol, out_dir, ["--dtype", bf16, *gw.cli_flags(opts)])
         print(json.dumps(results["w3"]), flush=True)
+        save()
+    if "ops" in only:
+        results["ops"] = gw.small_op_compare(args.device, bf16, [8, 64] if args.tiny else [64, 256], not args.tiny)
         save()
     if "profile" in only:
         results["profile"] = profile_host(g, root, tok, args.device, bf16, opts)

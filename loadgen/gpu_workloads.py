@@ -213,3 +213,115 @@ def w3_online(path: Path, rates: list[float], num_requests: int, in_len: int, ou
         server.wait(timeout=60)
         log.close()
     return rows
+
+
+def _graph_time_us(fn: Any, device: str, reps: int = 20, replays: int = 10) -> float:
+    """Device time of one ``fn()`` call: ``reps`` calls captured in one CUDA graph and
+    replayed, so host launch cost is excluded (on a CPU: the wall time of direct calls)."""
+    for _ in range(3):
+        fn()
+    if device != "cuda":
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - t0) / reps * 1e6
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(reps):
+            fn()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * replays)
+
+
+def _eager_time_us(fn: Any, device: str, reps: int = 200) -> float:
+    """Wall time per call launched from Python, back to back (what an uncaptured step pays)."""
+    for _ in range(3):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / reps * 1e6
+
+
+def small_op_compare(device: str, dtype: str, tokens: list[int], compile_ops: bool = True) -> list[dict[str, Any]]:
+    """The fused Triton kernels against the eager torch ops they replace and against
+    ``torch.compile`` of those same eager ops, Gemma 3 270M sizes (hidden 640, 4 q heads,
+    1 KV head, head_dim 256, intermediate 2048). Device time per call from CUDA-graph
+    replays (launch cost excluded) and eager wall time per call (launch cost included)."""
+    from aserve.kernels import fused
+    from aserve.models.layers import RMSNorm, add_norm, apply_rotary
+
+    dt = getattr(torch, dtype)
+    hidden, h, hkv, d, inter = 640, 4, 1, 256, 2048
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=device, dtype=dt)
+
+    norm = RMSNorm(hidden, 1e-6, gemma=True).to(device=device, dtype=dt)
+    x_norm = RMSNorm(hidden, 1e-6, gemma=True).to(device=device, dtype=dt)
+    q_norm = RMSNorm(d, 1e-6, gemma=True).to(device=device, dtype=dt)
+    k_norm = RMSNorm(d, 1e-6, gemma=True).to(device=device, dtype=dt)
+    for m in (norm, x_norm, q_norm, k_norm):
+        m.weight.data.normal_(generator=gen)
+    rows: list[dict[str, Any]] = []
+
+    def cases_for(t: int) -> tuple[tuple[str, Any, Any], ...]:
+        x, res = rnd(t, hidden), rnd(t, hidden)
+        gu = rnd(t, 2 * inter)
+        qkv = rnd(t, (h + 2 * hkv) * d)
+        cos, sin = rnd(t, 1, d), rnd(t, 1, d)
+        slots = torch.randperm(4 * t, generator=gen, device=device)[:t]
+        k_cache, v_cache = rnd(4 * t, hkv, d), rnd(4 * t, hkv, d)
+
+        def add_rms() -> Any:
+            return add_norm(x, res, norm, x_norm)
+
+        def gated_eager() -> torch.Tensor:
+            return torch.nn.functional.gelu(gu[:, :inter], approximate="tanh") * gu[:, inter:]
+
+        def qkv_eager() -> torch.Tensor:
+            q, k, v = (u.view(t, -1, d) for u in qkv.split([h * d, hkv * d, hkv * d], dim=1))
+            q, k = apply_rotary(q_norm(q), cos, sin), apply_rotary(k_norm(k), cos, sin)
+            k_cache[slots] = k
+            v_cache[slots] = v
+            return q
+
+        def add_rms_fused() -> Any:
+            return fused.add_rmsnorm(x, res, norm.weight, 1e-6, True, x_norm.weight)
+
+        def gated_fused() -> torch.Tensor:
+            return fused.gated(gu[:, :inter], gu[:, inter:], "gelu_tanh")
+
+        def qkv_fused() -> torch.Tensor:
+            return fused.qkv_prep(qkv, h, hkv, d, q_norm.weight, k_norm.weight, 1e-6, True, cos, sin, slots,
+                                  k_cache, v_cache)  # fmt: skip
+
+        return (("add_rmsnorm (sandwich)", add_rms, add_rms_fused), ("gated gelu", gated_eager, gated_fused),
+                ("q/k norm + rotary + KV write", qkv_eager, qkv_fused))  # fmt: skip
+
+    for t in tokens:
+        cases = cases_for(t)
+        for name, eager, fused_fn in cases:
+            row: dict[str, Any] = {"op": name, "tokens": t}
+            with torch.inference_mode():
+                variants = [("eager", eager), ("triton", fused_fn)]
+                if compile_ops:
+                    variants.append(("compile", torch.compile(eager, dynamic=False)))
+                for label, fn in variants:
+                    row[f"{label}_device_us"] = _graph_time_us(fn, device)
+                    row[f"{label}_wall_us"] = _eager_time_us(fn, device)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
