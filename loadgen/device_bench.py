@@ -205,9 +205,9 @@ def bench_wakeup(waits: int = 40, sleep_cycles: int = 2_700_000) -> list[dict[st
     A spinning helper thread timestamps the moment each event completes (``query()`` in a
     tight loop); the awaiting coroutine timestamps when it resumes. CPU cost is process CPU
     time (all threads, the spinner excluded by running it only in a calibration pass).
-    The GPU sleep is not a whole number of milliseconds (about 1.35 ms on the H200): asyncio
-    sleeps in whole milliseconds, and a 1 ms sleep would line up with it by accident.
-    "engine-poll" is what the engine does (``DeviceEvent`` polling: spin, then sleep).
+    The GPU sleep is not a whole number of milliseconds (about 1.35 ms on the H200), so a
+    timer that only fired on millisecond ticks could not line up with it by accident.
+    "engine-poll" is what the engine does (``DeviceEvent`` polling).
     """
     import threading
 
@@ -226,7 +226,7 @@ def bench_wakeup(waits: int = 40, sleep_cycles: int = 2_700_000) -> list[dict[st
 
     async def _poll(name: str, ev: torch.cuda.Event) -> None:
         if name == "engine-poll":
-            await DeviceEvent("bench", ev, poll_s=50e-6, spin_s=5e-3).wait()
+            await DeviceEvent("bench", ev, poll_s=50e-6).wait()
         elif name == "poll-yield":
             while not ev.query():
                 await anyio.lowlevel.checkpoint()
