@@ -273,7 +273,9 @@ class Engine:
         Raises :class:`InvalidRequestError` (or a subclass) for bad input, before anything runs.
         """
         params = params or SamplingParams()
-        reqs = self._make_requests(prompt, params, request_id)
+        # Woken once per finished choice, not per token: with many requests in flight, a
+        # wake-up per request per step was host time taken from the planner and committer.
+        reqs = self._make_requests(prompt, params, request_id, wake_per_token=False)
         outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason=None) for i in range(params.n)]
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(params.n)]
         # Token ids only while it runs: the text is decoded once at the end, which keeps
@@ -396,7 +398,11 @@ class Engine:
             raise EngineClosedError("the engine is not started; use `async with Engine(...)`")
         return self._parts
 
-    def _make_requests(self, prompt: Prompt, params: SamplingParams, request_id: str | None) -> list[Req]:
+    def _make_requests(
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None, *, wake_per_token: bool = True
+    ) -> list[Req]:
+        """Validated requests for ``prompt``; ``wake_per_token=False`` (``complete``): the
+        consumer is woken only when a choice finishes, not once per committed token."""
         parts = self._require()
         if self._closed:
             raise EngineClosedError("the engine is shutting down; no new requests are accepted")
@@ -457,7 +463,7 @@ class Engine:
                     group_id=rid,
                     seed=seed,
                     stop_ids=frozenset(stop_ids),
-                    cell=OutputCell(signal),
+                    cell=OutputCell(signal, wake_per_token=wake_per_token),
                 )
             )
         return reqs

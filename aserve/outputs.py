@@ -99,9 +99,10 @@ class OutputCell:
         "stop_reason",
         "text_limit",
         "token_ids",
+        "wake_per_token",
     )
 
-    def __init__(self, signal: Signal | None = None) -> None:
+    def __init__(self, signal: Signal | None = None, wake_per_token: bool = True) -> None:
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.finished = False
@@ -112,12 +113,15 @@ class OutputCell:
         self.text_limit: int | None = None
         # Shared by the n sequences of one request: one consumer waits for any of them.
         self.signal = signal if signal is not None else Signal()
+        # False: only finish() and fail() wake the consumer (it wants the whole result).
+        self.wake_per_token = wake_per_token
 
     def push(self, token_id: int, logprob: TokenLogprob | None) -> None:
         self.token_ids.append(token_id)
         if logprob is not None:
             self.logprobs.append(logprob)
-        self.signal.set()
+        if self.wake_per_token:
+            self.signal.set()
 
     def finish(self, reason: FinishReason, stop_reason: str | int | None = None) -> None:
         self.finished = True

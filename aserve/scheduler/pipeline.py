@@ -14,17 +14,24 @@ class Signal:
     ``wait()`` without an await in between cannot miss a ``set()`` (one thread, cooperative).
     """
 
-    __slots__ = ("_event",)
+    __slots__ = ("_event", "_waiters")
 
     def __init__(self) -> None:
         self._event = anyio.Event()
+        self._waiters = 0
 
     def set(self) -> None:
+        if not self._waiters:  # nobody to wake: skip making a new event (the hot path)
+            return
         event, self._event = self._event, anyio.Event()
         event.set()
 
     async def wait(self) -> None:
-        await self._event.wait()
+        self._waiters += 1
+        try:
+            await self._event.wait()
+        finally:
+            self._waiters -= 1
 
 
 class SlotStats(NamedTuple):
