@@ -344,6 +344,7 @@ def main() -> None:
         help="extra aserve.Engine option for every aserve run, e.g. cuda_graph=true (repeatable)",
     )
     ap.add_argument("--w1-requests", type=int, default=1000)
+    ap.add_argument("--w1-shapes", default="gemma,llama", help="which shapes W1 runs: gemma, llama or both")
     ap.add_argument("--w1-peer-requests", type=int, default=100, help="transformers runs this many of the W1 requests")
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -394,7 +395,8 @@ def main() -> None:
         save()
     if "w1" in only:
         results["w1"] = []
-        for shape in (g, ll):
+        w1_shapes = [s for key, s in (("gemma", g), ("llama", ll)) if key in args.w1_shapes.split(",")]
+        for shape in w1_shapes:
             path = root / shape
             if not (path / "config.json").exists():
                 build_checkpoint(shape, root, tok)
