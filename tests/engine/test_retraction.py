@@ -16,8 +16,12 @@ import aserve
 from tests.tiny import hf_greedy
 
 
+@pytest.mark.parametrize("radix_cache", [True, False])
 @pytest.mark.parametrize("overlap", [False, True])
-def test_retraction_gives_same_greedy_output(tiny_llama: tuple[Path, Any], overlap: bool) -> None:
+def test_retraction_gives_same_greedy_output(tiny_llama: tuple[Path, Any], overlap: bool, radix_cache: bool) -> None:
+    """With the prefix cache on, a retracted request's KV is published rather than freed;
+    the retraction loop must evict it again before each fit check (it once retracted
+    everyone and ended the oldest request early by "length")."""
     path, hf = tiny_llama
     rng = random.Random(11)
     prompts = [[1] + [rng.randrange(3, 384) for _ in range(rng.randint(5, 30))] for _ in range(12)]
@@ -28,7 +32,7 @@ def test_retraction_gives_same_greedy_output(tiny_llama: tuple[Path, Any], overl
 
     async def run() -> tuple[list[list[int]], aserve.EngineConfig, Any]:
         cfg = aserve.EngineConfig(
-            model=str(path), debug=True, warmup=False, overlap=overlap, page_size=4,
+            model=str(path), debug=True, warmup=False, overlap=overlap, page_size=4, radix_cache=radix_cache,
             kv_cache_bytes=per_token * 4 * 40,  # 160 tokens for ~12 * 50 demanded
         )  # fmt: skip
         async with aserve.Engine(cfg) as engine:
