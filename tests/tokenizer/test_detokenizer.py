@@ -84,3 +84,25 @@ def test_arbitrary_ids(tok: Tokenizer, ids: list[int]) -> None:
     # Random ids include byte pieces in odd orders and control tokens.
     for skip in (True, False):
         assert "".join(_stream(tok, ids, [1], skip)) == tok.decode(ids, skip_special_tokens=skip)
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    picks=st.lists(st.integers(min_value=0, max_value=len(CORPUS) - 1), min_size=2, max_size=12),
+    extra=st.lists(st.integers(min_value=0, max_value=600), max_size=12),
+    sizes=st.lists(st.integers(min_value=1, max_value=5), min_size=1, max_size=6),
+    skip=st.booleans(),
+)
+def test_long_streams_across_many_windows(
+    tok: Tokenizer, picks: list[int], extra: list[int], sizes: list[int], skip: bool
+) -> None:
+    """Streams far longer than the decode window (its start moves up every ~16 tokens,
+    and in between the kept window text stands in for a second decode): same text as one
+    full decode, byte pieces and control tokens mixed in."""
+    ids = tok.encode(" ".join(CORPUS[i] for i in picks), add_special_tokens=True) + extra
+    ids += tok.encode(CORPUS[picks[0]])
+    assert "".join(_stream(tok, ids, sizes, skip)) == tok.decode(ids, skip_special_tokens=skip)
