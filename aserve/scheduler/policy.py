@@ -141,7 +141,9 @@ class Scheduler:
             and r.num_launched_outputs < r.max_new_tokens  # ends by length: leave it out now
         ]
         decodes = decodes[:budget]
-        need = sum(self.pool.pages_needed(len(r.pages), r.num_computed + 1) for r in decodes)
+        ps = self.pool.page_size
+        # One more token each: a new page exactly where the last one is full.
+        need = sum(1 for r in decodes if r.num_computed >= len(r.pages) * ps)
         if not self._room_for(need):  # cached, unused prefixes go before anyone is retracted
             if pipeline_busy:
                 return Blocked.DRAIN
@@ -226,24 +228,21 @@ class Scheduler:
                 r.lpm_skips += 1
 
     def _plan_decode(self, r: Req) -> SeqPlan:
-        assert r.row is not None
-        slots = self.pool.grow(r.pages, r.num_computed, r.num_computed + 1)
-        assert slots is not None, "pages were counted before planning decodes"
-        pending = r.lookahead > 0
-        assert r.lookahead <= 1, f"look-ahead must be at most one step, got {r.lookahead} for {r.rid}"
-        plan = SeqPlan(
-            req=r,
-            row=r.row,
-            generation=r.generation,
-            prefix_len=r.num_computed,
-            extend_len=1,
-            slots=slots,
-            input_ids=None,
-            samples=True,
-            output_index=r.num_launched_outputs,
-            pending_output=pending,
-        )
-        r.num_computed += 1
+        # The hot path of every step (once per running request): KVPool.grow inlined for
+        # one token, positional SeqPlan arguments.
+        row = r.row
+        assert row is not None
+        pos, pages, ps = r.num_computed, r.pages, self.pool.page_size
+        assert pos < self.pool.max_context and pos <= len(pages) * ps, (r.rid, pos, len(pages))
+        if pos == len(pages) * ps:
+            got = self.pool.pages.alloc(1)
+            assert got is not None, "pages were counted before planning decodes"
+            pages.extend(got)
+        lookahead = r.num_launched_outputs - len(r.output_ids)
+        assert lookahead <= 1, f"look-ahead must be at most one step, got {lookahead} for {r.rid}"
+        slot = pages[pos // ps] * ps + pos % ps
+        plan = SeqPlan(r, row, r.generation, pos, 1, [slot], None, True, r.num_launched_outputs, lookahead > 0)
+        r.num_computed = pos + 1
         r.num_launched_outputs += 1
         return plan
 
