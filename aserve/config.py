@@ -21,6 +21,11 @@ class EngineConfig:
     device: str | None = None  # "cpu", "cuda", "cuda:1"; None picks CUDA when available
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: float32 on CPU, bfloat16 on GPU
     overlap: bool = True  # pipeline depth 2; False runs the same code at depth 1
+    # Steps planned or in flight but not committed when overlap is on. 2 is SGLang's scheme
+    # (the host commits n-1 and plans n+1 while the device runs n); 3 lets the host run one
+    # more step ahead, so one slow host step does not idle the device. Requests with
+    # penalties stay at a look-ahead of one step (their sampler reads committed outputs).
+    overlap_depth: int = 2
     radix_cache: bool = True  # reuse the KV of shared prefixes (--disable-radix-cache)
     # "torch": the reference path (padded SDPA). "triton": aserve/attention/triton_paged.py.
     # "auto": Triton on CUDA (when triton is installed), the reference on a CPU.
@@ -59,12 +64,14 @@ class EngineConfig:
             raise InvalidRequestError("mem_fraction must be in (0, 1]", param="mem_fraction")
         if self.cuda_graph and self.resolved_attention_backend != "triton":
             raise InvalidRequestError("cuda_graph needs attention_backend='triton'", param="cuda_graph")
+        if self.overlap_depth not in (2, 3):
+            raise InvalidRequestError("overlap_depth must be 2 or 3", param="overlap_depth")
         if self.max_num_batched_tokens < 1 or self.max_running_requests < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_running_requests must be >= 1")
 
     @property
     def pipeline_depth(self) -> int:
-        return 2 if self.overlap else 1
+        return self.overlap_depth if self.overlap else 1
 
     @property
     def torch_device(self) -> torch.device:

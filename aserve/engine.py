@@ -129,6 +129,7 @@ class Engine:
                 radix_cache=cfg.radix_cache,
                 debug=cfg.debug,
                 schedule_policy=cfg.schedule_policy,
+                max_lookahead=cfg.pipeline_depth - 1,
             ),
         )
         # One mailbox per request row, plus the spare row padded decode-graph rows use.
@@ -144,6 +145,7 @@ class Engine:
             DecodeGraphs(parts.model, parts.pool, self.future_map, parts.device, cfg.max_running_requests)
             if cfg.use_cuda_graph
             else None,
+            pipeline_depth=cfg.pipeline_depth,
         )
         if self.runner.decode_graphs is not None and parts.device.type == "cuda":
             self.runner.decode_graphs.capture(self.runner.forward_stream)

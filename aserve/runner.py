@@ -103,6 +103,7 @@ class ModelRunner:
         cuda_waiter: CudaEventWaiter | None,
         attention_backend: str = "torch",
         decode_graphs: DecodeGraphs | None = None,
+        pipeline_depth: int = 2,
     ) -> None:
         self.attention_backend = attention_backend
         self.decode_graphs = decode_graphs
@@ -114,9 +115,11 @@ class ModelRunner:
         self.cuda_waiter = cuda_waiter
         self._index = 0
         self.fast_graph_steps = 0  # steps whose host inputs took the greedy graph fast path
-        # Per-slot pinned buffers (3 > pipeline depth, see PinnedStaging) for inputs and outputs.
-        self.staging = PinnedStaging(3, pin=device.type == "cuda")
-        self.out_staging = PinnedStaging(3, pin=device.type == "cuda")
+        # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
+        # inputs and outputs.
+        slots = max(3, pipeline_depth + 1)
+        self.staging = PinnedStaging(slots, pin=device.type == "cuda")
+        self.out_staging = PinnedStaging(slots, pin=device.type == "cuda")
         if device.type == "cuda":
             self.schedule_stream = torch.cuda.Stream(device)
             self.forward_stream = torch.cuda.Stream(device)

@@ -48,7 +48,7 @@ class PipelineSlots:
     """
 
     def __init__(self, depth: int) -> None:
-        assert depth in (1, 2), f"pipeline depth must be 1 or 2 (look-ahead of one step), got {depth}"
+        assert depth in (1, 2, 3), f"pipeline depth must be 1, 2 or 3, got {depth}"
         self.depth = depth
         self.in_use = 0
         self._changed = Signal()

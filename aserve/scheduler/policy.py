@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from aserve.kv.pool import KVPool
+from aserve.sampling.sampler import has_penalty
 from aserve.scheduler.prefix import PrefixCache
 from aserve.scheduler.req import Req
 
@@ -30,6 +31,8 @@ class SchedulerConfig:
     schedule_policy: str = "fcfs"
     lpm_min_queue: int = 4
     lpm_max_skips: int = 8
+    # Outputs a request may have launched but not committed (pipeline depth - 1).
+    max_lookahead: int = 1
 
 
 @dataclass
@@ -139,6 +142,9 @@ class Scheduler:
             and not r.finished
             and not r.abort_requested
             and r.num_launched_outputs < r.max_new_tokens  # ends by length: leave it out now
+            # Penalties read the outputs so far; the launch path stands in for one uncommitted
+            # output (the FutureMap's), not two: such requests wait for a commit at depth 3.
+            and (r.lookahead <= 1 or not has_penalty(r.params))
         ]
         decodes = decodes[:budget]
         ps = self.pool.page_size
@@ -239,7 +245,7 @@ class Scheduler:
             assert got is not None, "pages were counted before planning decodes"
             pages.extend(got)
         lookahead = r.num_launched_outputs - len(r.output_ids)
-        assert lookahead <= 1, f"look-ahead must be at most one step, got {lookahead} for {r.rid}"
+        assert lookahead <= self.config.max_lookahead, f"look-ahead {lookahead} for {r.rid}"
         slot = pages[pos // ps] * ps + pos % ps
         plan = SeqPlan(r, row, r.generation, pos, 1, [slot], None, True, r.num_launched_outputs, lookahead > 0)
         r.num_computed = pos + 1

@@ -50,6 +50,7 @@ def workloads(draw: st.DrawFn) -> list[Item]:
             seed=draw(st.integers(0, 2**31)) if sampled else None,
             stop=draw(st.sampled_from([(), ("e",), ("th", "q")])),
             stop_token_ids=draw(st.sampled_from([(), (prompt[-1],)])),
+            presence_penalty=draw(st.sampled_from([0.0, 0.0, 0.7])),  # penalties cap the look-ahead at 1
         )
         abort_after = draw(st.one_of(st.none(), st.integers(0, 4)))
         items.append(Item(prompt, params, draw(st.floats(0, 0.05)), abort_after))
@@ -57,10 +58,10 @@ def workloads(draw: st.DrawFn) -> list[Item]:
 
 
 async def _run(
-    path: Path, items: list[Item], overlap: bool, small_pool: bool, events: bool = False
+    path: Path, items: list[Item], overlap: bool, small_pool: bool, events: bool = False, depth: int = 2
 ) -> list[tuple[Any, ...]]:
     cfg = aserve.EngineConfig(
-        model=str(path), debug=True, warmup=False, overlap=overlap, page_size=4,
+        model=str(path), debug=True, warmup=False, overlap=overlap, overlap_depth=depth, page_size=4,
         kv_cache_bytes=PER_TOKEN * 4 * (24 if small_pool else 400), max_num_batched_tokens=48,
     )  # fmt: skip
     results: list[tuple[Any, ...]] = [()] * len(items)
@@ -112,6 +113,20 @@ def test_overlap_equals_serial(eos_llama: tuple[Path, Any], items: list[Item], s
         if a == ("aborted",) or b == ("aborted",):
             continue  # an abort lands at a different token in each mode; only cleanliness is checked
         assert a == b, f"request {i} ({items[i]}): serial {a} != overlap {b}"
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(items=workloads(), small_pool=st.booleans())
+def test_depth_three_equals_serial(eos_llama: tuple[Path, Any], items: list[Item], small_pool: bool) -> None:
+    """overlap_depth=3: the host plans two steps ahead (look-ahead 2, one for requests with
+    penalties); tokens, finish reasons and text are the serial run's; nothing leaks."""
+    path = eos_llama[0]
+    serial = anyio.run(_run, path, items, False, small_pool)
+    deep = anyio.run(_run, path, items, True, small_pool, False, 3)
+    for i, (a, b) in enumerate(zip(serial, deep)):
+        if a == ("aborted",) or b == ("aborted",):
+            continue
+        assert a == b, f"request {i} ({items[i]}): serial {a} != depth 3 {b}"
 
 
 def test_aborts_in_flight_leave_nothing(eos_llama: tuple[Path, Any]) -> None:

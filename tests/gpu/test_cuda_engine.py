@@ -113,8 +113,8 @@ def test_defaults_are_the_fast_path_and_overlap_matches_serial(tiny_gemma: tuple
     path, _ = tiny_gemma
     prompts = _prompts(13, seed=5)
 
-    async def run(overlap: bool) -> list[list[int]]:
-        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", overlap=overlap,
+    async def run(overlap: bool, depth: int = 2) -> list[list[int]]:
+        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", overlap=overlap, overlap_depth=depth,
                                  max_running_requests=16, max_context=256) as engine:  # fmt: skip
             cfg = engine.config
             assert cfg.resolved_attention_backend == "triton" and cfg.use_fused_ops and cfg.use_cuda_graph
@@ -130,4 +130,6 @@ def test_defaults_are_the_fast_path_and_overlap_matches_serial(tiny_gemma: tuple
             assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
             return [out[i] for i in range(len(prompts))]
 
-    assert anyio.run(run, True) == anyio.run(run, False)
+    serial = anyio.run(run, False)
+    assert anyio.run(run, True) == serial
+    assert anyio.run(run, True, 3) == serial  # overlap_depth=3: two steps queued ahead
