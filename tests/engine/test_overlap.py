@@ -17,12 +17,17 @@ from typing import Any
 
 import anyio
 import pytest
+import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import aserve
+from aserve.kv.pool import KVPool
+from aserve.models.config import ModelConfig
 from aserve.runner import ModelRunner
 from aserve.scheduler.commit import Committer
+from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
+from aserve.scheduler.req import Req
 
 PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny llama: layers * (K, V) * kv heads * head_dim * float32
 
@@ -188,3 +193,62 @@ def test_overlap_hides_host_time(tiny_llama: tuple[Path, Any], host_ms: int, dev
     # The engine's own instrumentation sees the device wait for the host only when serial.
     assert gap_serial is not None and gap_serial >= 0.8 * host_s
     assert gap_overlap is not None and gap_overlap <= max(0.0, host_s - device_s) + 0.005
+
+
+def test_depth_three_plans_penalised_requests_one_step_ahead_at_most() -> None:
+    """Plain scheduler at look-ahead 2 (depth 3), nothing committed between plans: a request
+    with a penalty sits out the third step (the launch path could stand in for only one of
+    its uncommitted outputs); one without a penalty runs two steps ahead."""
+    cfg = ModelConfig(
+        architecture="llama", vocab_size=64, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+        num_kv_heads=1, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=256, rope_theta=1e4,
+    )  # fmt: skip
+    pool = KVPool(cfg, num_pages=64, page_size=4, num_rows=4, max_context=256, dtype=torch.float32,
+                  device=torch.device("cpu"))  # fmt: skip
+    sched = Scheduler(pool, SchedulerConfig(max_lookahead=2, radix_cache=False))
+    plain = Req(rid="plain", index=0, prompt_ids=[1, 2, 3], params=aserve.SamplingParams(max_tokens=9),
+                max_new_tokens=9, seed=0, stop_ids=frozenset())  # fmt: skip
+    penal = Req(rid="penal", index=0, prompt_ids=[1, 2, 3], params=aserve.SamplingParams(max_tokens=9,
+                presence_penalty=0.5), max_new_tokens=9, seed=0, stop_ids=frozenset())  # fmt: skip
+    sched.add(plain)
+    sched.add(penal)
+    planned = []
+    for _ in range(3):  # prefill, then two decode steps with nothing committed
+        plan = sched.schedule(pipeline_busy=True)
+        assert isinstance(plan, Plan)
+        planned.append({s.req.rid for s in plan.seqs})
+    assert planned == [{"plain", "penal"}, {"plain", "penal"}, {"plain"}]
+    assert (plain.lookahead, penal.lookahead) == (3, 2)
+    for r in (plain, penal):  # the first step commits: both may go again
+        r.output_ids.append(5)
+    plan = sched.schedule(pipeline_busy=True)
+    assert isinstance(plan, Plan) and {s.req.rid for s in plan.seqs} == {"plain", "penal"}
+
+
+def test_depth_three_with_penalties_equals_serial(tiny_llama: tuple[Path, Any]) -> None:
+    """Mixed penalised and plain requests at depth 3: the plain ones run two steps ahead
+    (depth 3 is reached), the penalised ones one; every token is the serial run's."""
+    path = tiny_llama[0]
+    prompts = [[1, 7 + i, 40 + 3 * i, 200 - i] for i in range(6)]
+
+    def params(i: int) -> aserve.SamplingParams:
+        pen = 2.0 if i % 2 else 0.0
+        return aserve.SamplingParams(max_tokens=40, temperature=0.7, seed=i, presence_penalty=pen,
+                                     frequency_penalty=pen, ignore_eos=True)  # fmt: skip
+
+    async def run(overlap: bool, depth: int) -> list[list[int]]:
+        async with aserve.Engine(model=str(path), debug=True, warmup=False, overlap=overlap,
+                                 overlap_depth=depth) as engine:  # fmt: skip
+            out: dict[int, list[int]] = {}
+
+            async def one(i: int) -> None:
+                out[i] = (await engine.complete(prompts[i], params(i))).token_ids
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            assert max(r.depth_in_use for r in engine.step_records()) == (depth if overlap else 1)
+            assert engine.ledger().all_free
+            return [out[i] for i in range(len(prompts))]
+
+    assert anyio.run(run, True, 3) == anyio.run(run, False, 2)
