@@ -7,7 +7,7 @@ one non-blocking call each, and sliced into views on the device.
 
 Buffers are indexed by ``slot`` (step index modulo ``num_slots``). A slot's buffer is
 rewritten only when step ``n + num_slots`` is launched, which happens after step ``n`` was
-committed (pipeline depth <= 2 < num_slots), so its copy finished long before.
+committed (the runner makes num_slots > pipeline depth), so its copy finished long before.
 """
 
 from __future__ import annotations
