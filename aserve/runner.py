@@ -340,8 +340,8 @@ class ModelRunner:
         b = dev["rows"].shape[0]
         if fm.debug:
             fm.generations[dev["rows"]] = dev["gens"]
-        sbatch = dev["sbatch"]
-        if sbatch is None or (sbatch.all_greedy and not sbatch.any_penalty and sbatch.num_logprobs < 0):
+        if dev["sbatch"] is None:
+            # Every row plain greedy (``_graph_fast_inputs``): the graph's argmax is the output.
             # A copy: the graph's buffer is rewritten by the next replay, maybe before
             # this step's device-to-host copy ran on the copy stream.
             return SampleOutput(g.tokens[:b].clone(), None, None, None)

@@ -147,10 +147,7 @@ class Scheduler:
             and (r.lookahead <= 1 or not has_penalty(r.params))
         ]
         decodes = decodes[:budget]
-        ps = self.pool.page_size
-        # One more token each: a new page exactly where the last one is full.
-        need = sum(1 for r in decodes if r.num_computed >= len(r.pages) * ps)
-        if not self._room_for(need):  # cached, unused prefixes go before anyone is retracted
+        if not self._room_for(self._decode_pages(decodes)):  # cached, unused prefixes go before anyone is retracted
             if pipeline_busy:
                 return Blocked.DRAIN
             decodes = self._retract_until_fits(decodes)
@@ -311,25 +308,28 @@ class Scheduler:
     def _retract_until_fits(self, decodes: list[Req]) -> list[Req]:
         """Pipeline is empty here: send the newest requests back to the queue until KV fits."""
 
-        def need(rs: list[Req]) -> int:
-            return sum(self.pool.pages_needed(len(r.pages), r.num_computed + 1) for r in rs)
-
         victims = sorted(
             (r for r in self.running if not r.resources_freed and not r.finished),
             key=lambda r: r.admitted_seq,
         )
         # A victim's committed KV is published to the prefix cache, not freed: each check
         # evicts unlocked cached pages first, or the loop would retract everyone.
-        while not self._room_for(need(decodes)) and victims:
+        while not self._room_for(self._decode_pages(decodes)) and victims:
             victim = victims.pop()
             if len(victims) == 0 and victim in decodes and len(decodes) == 1:
                 # Alone and still out of memory: the pool cannot hold this request's context.
                 break
             self._retract(victim)
             decodes = [r for r in decodes if r is not victim]
-        fits = [r for r in decodes if self._room_for(self.pool.pages_needed(len(r.pages), r.num_computed + 1))]
+        fits = [r for r in decodes if self._room_for(self._decode_pages([r]))]
         self.stuck.extend(r for r in decodes if r not in fits)
         return fits
+
+    def _decode_pages(self, decodes: list[Req]) -> int:
+        """Pages one more decode token of each of ``decodes`` takes: one where the last
+        page is full (``_plan_decode`` allocates exactly these)."""
+        ps = self.pool.page_size
+        return sum(1 for r in decodes if r.num_computed >= len(r.pages) * ps)
 
     def _room_for(self, pages: int) -> bool:
         """Whether ``pages`` can be allocated now, evicting unlocked cached prefixes if needed."""

@@ -51,10 +51,7 @@ class IncrementalDetokenizer:
         if not ids:
             return ""
         self._ids.extend(ids)
-        prefix_text = self._prefix_text
-        if prefix_text is None:
-            prefix_text = self._prefix_text = tok.decode(self._ids[self._prefix : self._read], self._skip)
-        full_text = tok.decode(self._ids[self._prefix :], self._skip)
+        prefix_text, full_text = self._window_texts()
         # A trailing U+FFFD may be a character whose remaining bytes have not arrived yet.
         if len(full_text) <= len(prefix_text) or full_text.endswith(_REPLACEMENT):
             return ""
@@ -62,6 +59,13 @@ class IncrementalDetokenizer:
         self._advance(full_text)
         self._parts.append(delta)
         return delta
+
+    def _window_texts(self) -> tuple[str, str]:
+        """(text of ids[prefix:read], text of ids[prefix:]); the first is kept between pushes."""
+        prefix_text = self._prefix_text
+        if prefix_text is None:
+            prefix_text = self._prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
+        return prefix_text, self._tok.decode(self._ids[self._prefix :], self._skip)
 
     def _advance(self, full_text: str) -> None:
         """Everything pushed is emitted: ``read`` moves to the end; ``prefix`` moves up to the
@@ -74,8 +78,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """Emit what is held back at the end (an unfinished UTF-8 sequence becomes U+FFFD)."""
-        prefix_text = self._tok.decode(self._ids[self._prefix : self._read], self._skip)
-        full_text = self._tok.decode(self._ids[self._prefix :], self._skip)
+        prefix_text, full_text = self._window_texts()
         delta = full_text[len(prefix_text) :]
         if delta:
             self._advance(full_text)
