@@ -26,6 +26,10 @@ class EngineConfig:
     # more step ahead, so one slow host step does not idle the device. Requests with
     # penalties stay at a look-ahead of one step (their sampler reads committed outputs).
     overlap_depth: int = 2
+    # A stream's consumer is woken for its first token, then once this many tokens wait
+    # (and at the end): fewer, larger chunks for less per-token host work on the loop that
+    # also plans and commits. 1 sends every token as it commits (SGLang's --stream-interval).
+    stream_interval: int = 1
     radix_cache: bool = True  # reuse the KV of shared prefixes (--disable-radix-cache)
     # "torch": the reference path (padded SDPA). "triton": aserve/attention/triton_paged.py.
     # "auto": Triton on CUDA (when triton is installed), the reference on a CPU.
@@ -66,6 +70,8 @@ class EngineConfig:
             raise InvalidRequestError("cuda_graph needs attention_backend='triton'", param="cuda_graph")
         if self.overlap_depth not in (2, 3):
             raise InvalidRequestError("overlap_depth must be 2 or 3", param="overlap_depth")
+        if self.stream_interval < 1:
+            raise InvalidRequestError("stream_interval must be >= 1", param="stream_interval")
         if self.max_num_batched_tokens < 1 or self.max_running_requests < 1:
             raise InvalidRequestError("max_num_batched_tokens and max_running_requests must be >= 1")
 

@@ -277,7 +277,7 @@ class Engine:
         params = params or SamplingParams()
         # Woken once per finished choice, not per token: with many requests in flight, a
         # wake-up per request per step was host time taken from the planner and committer.
-        reqs = self._make_requests(prompt, params, request_id, wake_per_token=False)
+        reqs = self._make_requests(prompt, params, request_id, whole=True)
         outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason=None) for i in range(params.n)]
         logprobs: list[list[TokenLogprob]] = [[] for _ in range(params.n)]
         # Token ids only while it runs: the text is decoded once at the end, which keeps
@@ -401,10 +401,10 @@ class Engine:
         return self._parts
 
     def _make_requests(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None, *, wake_per_token: bool = True
+        self, prompt: Prompt, params: SamplingParams, request_id: str | None, *, whole: bool = False
     ) -> list[Req]:
-        """Validated requests for ``prompt``; ``wake_per_token=False`` (``complete``): the
-        consumer is woken only when a choice finishes, not once per committed token."""
+        """Validated requests for ``prompt``. ``whole=True`` (``complete``): the consumer is
+        woken only when a choice finishes; otherwise every ``stream_interval`` tokens."""
         parts = self._require()
         if self._closed:
             raise EngineClosedError("the engine is shutting down; no new requests are accepted")
@@ -465,7 +465,7 @@ class Engine:
                     group_id=rid,
                     seed=seed,
                     stop_ids=frozenset(stop_ids),
-                    cell=OutputCell(signal, wake_per_token=wake_per_token),
+                    cell=OutputCell(signal, wake_every=0 if whole else self.config.stream_interval),
                 )
             )
         return reqs
@@ -493,10 +493,10 @@ class Engine:
                     if done[i]:
                         continue
                     cell = req.cell
-                    ids, lps = cell.take_nowait()
-                    finished = cell.finished
-                    if not ids and not finished:
+                    if not cell.ready():
                         continue
+                    finished = cell.finished
+                    ids, lps = cell.take_nowait()
                     if cell.error is not None:
                         raise RequestAbortedError(f"request {req.rid} failed: {cell.error}") from cell.error
                     new_text = ""

@@ -95,15 +95,17 @@ class OutputCell:
         "finish_reason",
         "finished",
         "logprobs",
+        "pushed",
         "signal",
         "stop_reason",
         "text_limit",
         "token_ids",
-        "wake_per_token",
+        "wake_every",
     )
 
-    def __init__(self, signal: Signal | None = None, wake_per_token: bool = True) -> None:
+    def __init__(self, signal: Signal | None = None, wake_every: int = 1) -> None:
         self.token_ids: list[int] = []
+        self.pushed = 0  # tokens pushed in all
         self.logprobs: list[TokenLogprob] = []
         self.finished = False
         self.finish_reason: FinishReason | None = None
@@ -113,14 +115,18 @@ class OutputCell:
         self.text_limit: int | None = None
         # Shared by the n sequences of one request: one consumer waits for any of them.
         self.signal = signal if signal is not None else Signal()
-        # False: only finish() and fail() wake the consumer (it wants the whole result).
-        self.wake_per_token = wake_per_token
+        # When a push wakes the consumer: 1, every token; N, the first token and then once N
+        # tokens wait untaken (a stream's interval); 0, never (only finish() and fail() wake
+        # it: ``complete`` wants the whole result).
+        self.wake_every = wake_every
 
     def push(self, token_id: int, logprob: TokenLogprob | None) -> None:
         self.token_ids.append(token_id)
+        self.pushed += 1
         if logprob is not None:
             self.logprobs.append(logprob)
-        if self.wake_per_token:
+        every = self.wake_every
+        if every and (len(self.token_ids) >= every or self.pushed == 1):
             self.signal.set()
 
     def finish(self, reason: FinishReason, stop_reason: str | int | None = None) -> None:
@@ -133,6 +139,13 @@ class OutputCell:
         self.error = error
         self.finished = True
         self.signal.set()
+
+    def ready(self) -> bool:
+        """Whether the consumer should take now: the end, the first tokens, or a full interval."""
+        if self.finished:
+            return True
+        n, every = len(self.token_ids), self.wake_every
+        return n > 0 and every > 0 and (n >= every or n == self.pushed)
 
     def take_nowait(self) -> tuple[list[int], list[TokenLogprob]]:
         """Everything not yet taken; never waits."""

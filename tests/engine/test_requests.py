@@ -154,6 +154,48 @@ async def test_stop_string_never_streamed(engine: aserve.Engine) -> None:
     assert incl.text == text[: at + len(stop)]
 
 
+async def test_stream_interval_chunks_and_same_output(engine: aserve.Engine, tiny_llama: tuple[Path, Any]) -> None:
+    """``stream_interval=5``: the first tokens come alone, later chunks carry at least 5 tokens
+    (or end the choice), and tokens and text equal the interval-1 engine's ``complete``."""
+    every = 5
+    greedy = aserve.SamplingParams(max_tokens=37, temperature=0, ignore_eos=True)
+    stop_text = (await engine.complete(_prompt(4), greedy)).text[8:11]
+    cases = [
+        (_prompt(4), greedy),
+        (_prompt(4), greedy.with_updates(stop=(stop_text,))),
+        (_prompt(7, 20), aserve.SamplingParams(max_tokens=23, temperature=0.8, seed=9, n=2, ignore_eos=True)),
+        (_prompt(8), aserve.SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)),
+    ]
+    expected = [await engine.complete(p, sp) for p, sp in cases]
+    got: dict[tuple[int, bool], list[aserve.Delta]] = {}
+
+    async def one(eng: aserve.Engine, i: int, slow: bool) -> None:
+        deltas = got.setdefault((i, slow), [])
+        async for d in eng.generate(*cases[i]):
+            deltas.append(d)
+            if slow:
+                await anyio.sleep(0.01)  # a reader that falls behind takes bigger chunks
+
+    async with aserve.Engine(model=str(tiny_llama[0]), debug=True, max_context=256, warmup=False,
+                             stream_interval=every) as eng:  # fmt: skip
+        async with anyio.create_task_group() as tg:
+            for i in range(len(cases)):
+                for slow in (False, True):
+                    tg.start_soon(one, eng, i, slow)
+        ledger = eng.ledger()
+        assert ledger.balanced and ledger.all_free
+    for (i, _slow), deltas in got.items():
+        for out in expected[i].outputs:
+            mine = [d for d in deltas if d.index == out.index]
+            assert [t for d in mine for t in d.token_ids] == out.token_ids
+            assert "".join(d.text for d in mine) == out.text
+            assert mine[-1].finish_reason == out.finish_reason
+            assert all(d.finish_reason is None for d in mine[:-1])
+            # Every chunk but the first and the last carries a full interval.
+            assert all(len(d.token_ids) >= every for d in mine[1:-1]), [len(d.token_ids) for d in mine]
+            assert len(mine) <= 2 + len(out.token_ids) // every
+
+
 # -- sampling ---------------------------------------------------------------------------------
 
 
