@@ -38,7 +38,9 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--base-url", default=None, help="OpenAI-compatible server, e.g. http://127.0.0.1:8000")
     g.add_argument("--engine", action="store_true", help="run an in-process aserve.Engine instead of HTTP")
     g.add_argument("--engine-opt", action="append", metavar="KEY=VALUE", help="engine option (repeatable)")
-    g.add_argument("--model", default="gemma-3-270m")
+    g.add_argument("--model", default=None,
+                   help="model name in requests (default: the server's first in /v1/models; in process, "
+                   "the engine's default model)")  # fmt: skip
     g.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or os.environ.get("ASERVE_API_KEY"))
     g.add_argument("--tokenizer", default=None, help="a .gguf or HF directory (default: the model's)")
@@ -135,7 +137,7 @@ async def cmd_run(a: argparse.Namespace) -> int:
                 meta = {
                     "target": tspec.base_url or "in-process engine",
                     "endpoint": tspec.endpoint,
-                    "model": tspec.model,
+                    "model": target.model,
                     "engine_options": tspec.engine_options,
                     "ignore_eos": tspec.ignore_eos,
                     "workload": dict(wspec.__dict__),

@@ -23,6 +23,9 @@ Clock = Callable[[], float]
 
 
 class Target(Protocol):
+    @property
+    def model(self) -> str: ...  # the model name requests carry
+
     async def wait_ready(self, limit_s: float) -> None: ...
 
     async def server_counters(self) -> dict[str, float] | None: ...

@@ -29,7 +29,7 @@ from loadgen.workloads import (
 @dataclass(frozen=True)
 class TargetSpec:
     base_url: str | None = None  # None: the in-process engine
-    model: str = "gemma-3-270m"
+    model: str | None = None  # None: the server's first model (/v1/models), or the engine's default
     endpoint: str = "completions"  # or "chat"
     api_key: str | None = None
     tokenizer: str | None = None  # a .gguf, an HF directory or "gemma-3-270m"; default: the model's
@@ -69,7 +69,7 @@ async def open_target(spec: TargetSpec) -> AsyncIterator[tuple[Target, Tokenizer
     if spec.base_url is None:
         from loadgen.target_engine import EngineTarget
 
-        options = {"model": spec.model, **spec.engine_options}
+        options = {**({"model": spec.model} if spec.model else {}), **spec.engine_options}
         async with EngineTarget.open(
             options, ignore_eos=spec.ignore_eos, request_timeout=spec.request_timeout
         ) as engine_target:
@@ -77,17 +77,24 @@ async def open_target(spec: TargetSpec) -> AsyncIterator[tuple[Target, Tokenizer
         return
     from loadgen.target_http import HttpTarget
 
-    tok = load_tokenizer(spec.tokenizer or spec.model)
     target = HttpTarget(
         spec.base_url,
-        spec.model,
+        spec.model or "",
         endpoint=spec.endpoint,
         api_key=spec.api_key,
-        tokenizer=tok,
         ignore_eos=spec.ignore_eos,
         request_timeout=spec.request_timeout,
     )
     try:
+        if spec.model is None:
+            # Ask the server what it serves rather than guess a name it would answer 404 to.
+            await target.wait_ready(spec.ready_timeout)
+            try:
+                target.model = await target.served_model()
+            except ValueError as exc:
+                raise SystemExit(str(exc)) from exc
+        tok = load_tokenizer(spec.tokenizer or target.model)
+        target.tokenizer = tok
         yield target, tok
     finally:
         await target.aclose()

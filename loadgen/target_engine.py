@@ -34,6 +34,10 @@ class EngineTarget:
             yield cls(engine, **kwargs)
 
     @property
+    def model(self) -> str:
+        return str(self.engine.config.model)
+
+    @property
     def tokenizer(self) -> TokenizerLike:
         tok: TokenizerLike = self.engine.tokenizer
         return tok

@@ -69,6 +69,17 @@ class HttpTarget:
                 await anyio.sleep(0.25)
         raise TimeoutError(f"{self.base_url} not ready after {limit_s:g}s ({last})")
 
+    async def served_model(self) -> str:
+        """The first model id the server lists at ``/v1/models``."""
+        url = self.base_url + "/v1/models"
+        r = await self.client.get(url, timeout=10.0)
+        if r.status_code != 200:
+            raise ValueError(f"{url} answered HTTP {r.status_code}; pass --model NAME")
+        data = r.json().get("data") or []
+        if not data or not isinstance(data[0], dict) or not data[0].get("id"):
+            raise ValueError(f"{url} lists no model; pass --model NAME")
+        return str(data[0]["id"])
+
     async def server_counters(self) -> dict[str, float] | None:
         try:
             r = await self.client.get(self.base_url + "/metrics", timeout=10.0)

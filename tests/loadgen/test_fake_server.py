@@ -162,6 +162,14 @@ def test_timed_closed_loop_cycles_the_workload() -> None:
     assert max(r.done_s or 0.0 for r in out.records) >= duration
 
 
+def test_cli_without_model_needs_a_listed_one(tmp_path: Path) -> None:
+    """No --model: loadgen asks /v1/models; a server that lists none is a clear error, not 404s."""
+    from loadgen.cli import main
+
+    with FakeServer() as fake, pytest.raises(SystemExit, match="lists no model; pass --model NAME"):
+        main(["run", "--base-url", fake.base_url, "--no-progress", "--no-plots", "--out", str(tmp_path)])
+
+
 def test_cli_trace_replay_and_sharegpt(tmp_path: Path) -> None:
     from loadgen.cli import main
 
@@ -177,7 +185,8 @@ def test_cli_trace_replay_and_sharegpt(tmp_path: Path) -> None:
     sharegpt = tmp_path / "sg.json"
     sharegpt.write_text(json.dumps(conv))
     with FakeServer() as fake:
-        base = ["run", "--base-url", fake.base_url, "--no-progress", "--no-plots", "--out", str(tmp_path)]
+        base = ["run", "--base-url", fake.base_url, "--model", "fake", "--tokenizer", "gemma-3-270m"]
+        base += ["--no-progress", "--no-plots", "--out", str(tmp_path)]
         assert main([*base, "--workload", "trace", "--dataset", str(trace), "--label", "tr"]) == 0
         assert main([*base, "--workload", "sharegpt", "--dataset", str(sharegpt), "--label", "sg"]) == 0
     sends = sorted(json.loads(line)["send_s"] for line in (tmp_path / "tr.jsonl").read_text().splitlines())

@@ -12,13 +12,17 @@ import pytest
 from loadgen.cli import main
 from tests.server.helpers import API_KEY, ServerProcess
 
+SERVED = "served-gemma"
 PLOTS = ("cdf", "over_time", "itl_by_position", "timeline")
 SMALL = ["--input-len", "8", "--output-len", "4", "--no-progress", "--slo", "ttft=5,tpot=1"]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    proc = ServerProcess(log_path=tmp_path_factory.mktemp("loadgen_server") / "server.log")
+    # A served name that is not the model's: loadgen runs without --model must ask /v1/models.
+    proc = ServerProcess(
+        "--served-model-name", SERVED, log_path=tmp_path_factory.mktemp("loadgen_server") / "server.log"
+    )
     try:
         proc.wait_ready()
         yield proc
@@ -51,9 +55,11 @@ def check_outputs(out: Path, label: str, n: int) -> dict[str, Any]:
 
 def test_poisson_run_against_the_server(server: ServerProcess, tmp_path: Path) -> None:
     argv = ["run", "--base-url", server.base_url, "--api-key", API_KEY, "--num-requests", "50", "--rate", "25"]
+    argv += ["--tokenizer", "gemma-3-270m"]
     assert main([*argv, *SMALL, "--warmup", "2", "--out", str(tmp_path), "--label", "srv"]) == 0
     summary = check_outputs(tmp_path, "srv", 50)
     assert summary["run"]["warmup_requests"] == 2
+    assert summary["run"]["model"] == SERVED  # found at /v1/models; the tokenizer named by --tokenizer
     assert summary["server"]["output_tokens"] == 200  # warm-up happened before the "before" scrape
 
 
@@ -67,6 +73,7 @@ def test_sweep_and_compare(server: ServerProcess, tmp_path: Path) -> None:
     argv = ["run", "--base-url", server.base_url, "--api-key", API_KEY, "--num-requests", "8", "--endpoint", "chat"]
     argv += ["--workload", "shared-prefix", "--groups", "2", "--per-group", "4", "--system-len", "8"]
     argv += ["--question-len", "4", "--output-len", "4", "--no-progress", "--sweep-rates", "20,inf", "--repeats", "2"]
+    argv += ["--model", SERVED, "--tokenizer", "gemma-3-270m"]
     assert main([*argv, "--out", str(tmp_path), "--label", "sw"]) == 0
     for name in ("cdf_overlay", "over_time_overlay", "sweep_tput_vs_p99_tpot", "sweep_goodput_vs_rate"):
         assert (tmp_path / f"sw_{name}.png").stat().st_size > 5000
