@@ -305,7 +305,7 @@ class Engine:
             request_id=first.group_id,
             prompt_token_ids=list(first.prompt_ids),
             outputs=outputs,
-            usage=Usage(len(first.prompt_ids), sum(len(o.token_ids) for o in outputs)),
+            usage=Usage(len(first.prompt_ids), sum(len(o.token_ids) for o in outputs), first.cached_prompt_tokens),
             metrics=metrics,
         )
 
@@ -731,6 +731,11 @@ class RequestStream:
     @property
     def request_id(self) -> str:
         return self._reqs[0].group_id
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (0 until the request is admitted)."""
+        return self._reqs[0].cached_prompt_tokens
 
     def __aiter__(self) -> RequestStream:
         return self

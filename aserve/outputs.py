@@ -21,6 +21,7 @@ class TokenLogprob:
 class Usage:
     prompt_tokens: int
     completion_tokens: int
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache (OpenAI's prompt_tokens_details)
 
     @property
     def total_tokens(self) -> int:

@@ -263,6 +263,8 @@ class Scheduler:
             req.row = None
             return None
         chunk.prefix_slots = prefix_slots
+        if req.num_retractions == 0:
+            req.cached_prompt_tokens = len(prefix_slots)
         self.prefix.hit_tokens += len(prefix_slots)
         self.prefix.queried_tokens += len(req.fill_ids)
         req.admitted_seq = self._admitted

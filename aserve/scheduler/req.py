@@ -54,6 +54,9 @@ class Req:
     resources_freed: bool = False
     lpm_skips: int = 0  # times a later arrival was admitted first (longest-prefix-first policy)
     cache_node: Any = None  # deepest radix node this request holds locked (prefix cache)
+    # Prompt tokens whose KV came from the prefix cache at the first admission (reported in
+    # usage; a re-admission after retraction is the engine's business, not the client's).
+    cached_prompt_tokens: int = 0
 
     @property
     def finished(self) -> bool:

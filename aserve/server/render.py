@@ -12,6 +12,7 @@ from aserve.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
+    PromptTokensDetails,
     ResponseMessage,
     TokenLogprobInfo,
     TopLogprob,
@@ -22,7 +23,10 @@ from aserve.tokenizer.tokenizer import Tokenizer
 
 def usage_info(usage: Usage) -> UsageInfo:
     return UsageInfo(
-        prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens, total_tokens=usage.total_tokens
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=usage.cached_tokens),
     )
 
 

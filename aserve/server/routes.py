@@ -166,7 +166,10 @@ async def _generate(
                 if endpoint == "chat"
                 else _CompletionChunks(tok, rid, req.model, want_lps)
             )
-            body = stream_events(None, gen, maker, prompt_tokens=len(ids), include_usage=req.include_usage, timer=timer)
+            body = stream_events(
+                None, gen, maker, prompt_tokens=len(ids), include_usage=req.include_usage, timer=timer,
+                cached_tokens=lambda: gen.cached_tokens,
+            )  # fmt: skip
             handed_off = True
             return SSEResponse(body, gen, server.release)
         results = await _while_connected(

@@ -56,6 +56,7 @@ async def stream_events(
     prompt_tokens: int,
     include_usage: bool,
     timer: RequestTimer,
+    cached_tokens: Callable[[], int] = lambda: 0,
 ) -> AsyncGenerator[bytes, None]:
     completion_tokens = 0
     outcome = "abort"  # what remains if we are cancelled (the client left)
@@ -81,7 +82,7 @@ async def stream_events(
             timer.on_tokens(len(delta.token_ids), streamed=True)
             yield event(maker.delta(delta))
         if include_usage:
-            yield event(maker.usage(Usage(prompt_tokens, completion_tokens)))
+            yield event(maker.usage(Usage(prompt_tokens, completion_tokens, cached_tokens())))
         outcome = "success"
         yield DONE
     except AserveError as exc:

@@ -7,6 +7,7 @@ written is published.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from dataclasses import dataclass
@@ -104,12 +105,23 @@ def test_prefill_tokens_computed_drop_by_the_shared_prefix(tiny_llama: tuple[Pat
 
     async def run(cache: bool) -> tuple[list[list[int]], aserve.EngineStats]:
         async with aserve.Engine(model=str(tiny_llama[0]), page_size=4, warmup=False, radix_cache=cache) as engine:
-            outs = [(await engine.complete(p, params)).token_ids for p in prompts]
-            return outs, engine.stats()
+            results = [await engine.complete(p, params) for p in prompts]
+            cached[cache] = [r.usage.cached_tokens for r in results]
+            stats = engine.stats()
+            # A stream reports the same figure once admitted.
+            stream = engine.open_stream([*system, 5, 6], params)
+            async with contextlib.aclosing(stream):
+                tokens = [t async for d in stream for t in d.token_ids]
+            assert tokens == (await engine.complete([*system, 5, 6], params)).token_ids
+            cached[cache].append(stream.cached_tokens)
+            return [r.token_ids for r in results], stats
 
+    cached: dict[bool, list[int]] = {}
     outs_off, off = anyio.run(run, False)
     outs_on, on = anyio.run(run, True)
     assert outs_on == outs_off
+    # Per request: nothing cached for the first; the system prompt's 10 pages for every later one.
+    assert cached == {False: [0] * 6, True: [0, 40, 40, 40, 40, 40]}
     assert off.prefill_tokens_computed == 5 * 47
     assert on.cache_hit_tokens == 4 * 40
     assert on.prefill_tokens_computed == 5 * 47 - 4 * 40

@@ -260,7 +260,17 @@ def test_openapi_fuzz_finds_no_5xx(server: ServerProcess) -> None:
 def test_prefix_cache_metrics_and_admin_flush(server: ServerProcess, client: openai.OpenAI) -> None:
     prompt = "You are a helpful assistant. Answer briefly and precisely. " * 3 + "What is two plus two?"
     for _ in range(2):
-        client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+        done = client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0)
+    # The repeat reuses every full page (16 tokens) of its prompt but the last token's, in
+    # OpenAI's usage.prompt_tokens_details, streamed or not.
+    assert done.usage is not None and done.usage.prompt_tokens_details is not None
+    expected = (done.usage.prompt_tokens - 1) // 16 * 16
+    assert expected > 0 and done.usage.prompt_tokens_details.cached_tokens == expected
+    chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))  # fmt: skip
+    usage = chunks[-1].usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    assert usage.prompt_tokens_details.cached_tokens == expected
     text = httpx.get(server.base_url + "/metrics").text
     assert metric(text, "aserve_prefix_cache_hit_tokens_total") > 0
     assert metric(text, "aserve_prefix_cached_tokens") > 0
