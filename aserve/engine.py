@@ -426,6 +426,13 @@ class Engine:
                 raise InvalidRequestError(
                     f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}", param="prompt"
                 )
+        if params.logit_bias:
+            vocab = parts.model_config.vocab_size
+            outside = [t for t, _ in params.logit_bias if t >= vocab]
+            if outside:
+                raise InvalidRequestError(
+                    f"logit_bias token ids must be in [0, {vocab}); got {outside[:5]}", param="logit_bias"
+                )
         ctx = parts.pool.max_context
         if len(ids) >= ctx:
             raise ContextLengthError(

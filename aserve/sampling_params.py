@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from aserve.errors import InvalidRequestError
 
 _MAX_LOGPROBS = 20
+_MAX_LOGIT_BIAS = 1024  # entries per request
 
 
 @dataclass(frozen=True)
@@ -18,7 +20,9 @@ class SamplingParams:
     sampling reproducible whatever else runs in the same batch. ``stop`` strings are
     matched on the text and never appear in (or stream past) the output; ``stop_token_ids``
     end the request on those ids (the id is kept in ``token_ids``, its text is not emitted
-    when it is a special token).
+    when it is a special token). ``logit_bias`` adds a value in [-100, 100] to the logits of
+    the given token ids before sampling (OpenAI's parameter; a dict or (id, bias) pairs).
+    Logprobs still describe the model's own distribution.
     """
 
     max_tokens: int = 16
@@ -37,6 +41,7 @@ class SamplingParams:
     n: int = 1
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
         # Accept lists/str for convenience; store tuples so the object stays hashable.
@@ -46,6 +51,18 @@ class SamplingParams:
             object.__setattr__(self, "stop", tuple(self.stop))
         if not isinstance(self.stop_token_ids, tuple):
             object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias
+        if isinstance(bias, Mapping):
+            bias = tuple(bias.items())
+        elif not isinstance(bias, tuple):
+            bias = tuple(bias)
+        try:
+            pairs = tuple(sorted((tok, val) for tok, val in bias))
+        except (TypeError, ValueError) as exc:
+            raise InvalidRequestError(
+                "logit_bias must map token ids to numbers, as a dict or (id, bias) pairs", param="logit_bias"
+            ) from exc
+        object.__setattr__(self, "logit_bias", pairs)
         self.validate()
 
     def validate(self) -> None:
@@ -78,6 +95,15 @@ class SamplingParams:
             raise bad("stop_token_ids", "must be non-negative integers")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= _MAX_LOGPROBS):
             raise bad("logprobs", f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.logprobs!r}")
+        if len(self.logit_bias) > _MAX_LOGIT_BIAS:
+            raise bad("logit_bias", f"allows at most {_MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}")
+        for tok, val in self.logit_bias:
+            if not _is_int(tok) or tok < 0:
+                raise bad("logit_bias", f"keys must be non-negative token ids, got {tok!r}")
+            if not _is_real(val) or not -100.0 <= val <= 100.0:
+                raise bad("logit_bias", f"values must be in [-100, 100], got {val!r} for token {tok}")
+        if len({tok for tok, _ in self.logit_bias}) != len(self.logit_bias):
+            raise bad("logit_bias", "has a token id more than once")
         if not _is_int(self.n) or not 1 <= self.n <= 64:
             raise bad("n", f"must be an integer in [1, 64], got {self.n!r}")
 

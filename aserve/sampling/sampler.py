@@ -95,6 +95,8 @@ class SamplingParamsLike(Protocol):
     def presence_penalty(self) -> float: ...
     @property
     def logprobs(self) -> int | None: ...
+    @property
+    def logit_bias(self) -> tuple[tuple[int, float], ...]: ...  # (token id, bias), sorted
 
 
 @dataclass
@@ -112,6 +114,9 @@ class SamplingBatch:
     presence_penalty: Tensor  # [B] float32, 0 = off (output tokens only)
     prompt_tokens: Tensor | None  # [B, Lp] int64 padded with -1; None if no repetition penalty
     output_tokens: Tensor | None  # [B, Lo] int64 padded with -1; None if no penalty at all
+    # Sparse logit biases: [2, N] int64 (row, token id) and [N] float32; None if no row has any.
+    bias_index: Tensor | None
+    bias_values: Tensor | None
     # Host-side flags: they pick which ops run, so cheap batches skip work.
     all_greedy: bool
     any_top_k: bool
@@ -313,6 +318,12 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
             batch.presence_penalty,
         )
 
+    if batch.bias_index is not None and batch.bias_values is not None:
+        # Out of place: ``logits`` stays the model's (logprobs above were taken from it). The
+        # (row, token) pairs are unique, so a gather and a plain scatter do (no accumulate).
+        rows, cols = batch.bias_index[0], batch.bias_index[1]
+        processed = processed.index_put((rows, cols), processed[rows, cols] + batch.bias_values)
+
     greedy_tokens = processed.argmax(dim=-1)  # [B]
     if batch.all_greedy:
         token_ids = greedy_tokens
@@ -449,8 +460,8 @@ def has_penalty(p: SamplingParamsLike) -> bool:
 
 
 def is_plain_greedy(p: SamplingParamsLike) -> bool:
-    """Whether the row's token is the plain argmax: greedy, no penalty, no logprobs."""
-    return p.temperature < _GREEDY_EPS and p.logprobs is None and not has_penalty(p)
+    """Whether the row's token is the plain argmax: greedy, no penalty, no bias, no logprobs."""
+    return p.temperature < _GREEDY_EPS and p.logprobs is None and not has_penalty(p) and not p.logit_bias
 
 
 def make_sampling_batch(
@@ -481,6 +492,14 @@ def make_sampling_batch(
     any_rep = any(r != 1.0 for r in reps)
     any_penalty = any(has_penalty(p) for p in params_list)
     requested = [p.logprobs for p in params_list if p.logprobs is not None]
+    bias_rows: list[int] = []
+    bias_ids: list[int] = []
+    bias_vals: list[float] = []
+    for i, p in enumerate(params_list):
+        for tok, val in p.logit_bias:
+            bias_rows.append(i)
+            bias_ids.append(tok)
+            bias_vals.append(float(val))
 
     def f32(values: list[float]) -> Tensor:
         return torch.tensor(values, dtype=torch.float32, device=device)
@@ -500,6 +519,8 @@ def make_sampling_batch(
         presence_penalty=f32(press),
         prompt_tokens=_pad(prompt_ids_list, device) if any_rep else None,
         output_tokens=_pad(output_ids_list, device) if any_penalty else None,
+        bias_index=i64(bias_rows + bias_ids).view(2, -1) if bias_rows else None,
+        bias_values=f32(bias_vals) if bias_rows else None,
         all_greedy=not sampled_rows,
         any_top_k=any(top_ks[i] > 0 for i in sampled_rows),
         any_top_p=any(top_ps[i] < 1.0 for i in sampled_rows),

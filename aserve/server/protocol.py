@@ -60,6 +60,7 @@ class _SamplingFields(_Request):
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool | None = False
+    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     user: str | None = None
 
     @property
@@ -83,7 +84,20 @@ class _SamplingFields(_Request):
             ignore_eos=bool(self.ignore_eos),
             logprobs=logprobs,
             n=self.n,
+            logit_bias=_token_bias(self.logit_bias),
         )
+
+
+def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+    """OpenAI's ``logit_bias`` (keys are token ids written as strings) as (id, bias) pairs."""
+    pairs = []
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+        pairs.append((token, value))
+    return tuple(pairs)
 
 
 class CompletionRequest(_SamplingFields):

@@ -116,8 +116,10 @@ def test_decode_graph_in_graph_greedy_and_eager_sampler(tiny_llama: tuple[Path, 
             out: dict[int, list[int]] = {}
 
             async def one(i: int) -> None:
+                # Sampled runs: odd rows carry a logit bias too (a sparse add before the sampler).
+                bias = {5: 2.0, 7: -1.5} if sampled and i % 2 else {}
                 sp = aserve.SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.9 if sampled else 0.0,
-                                           seed=100 + i)  # fmt: skip
+                                           seed=100 + i, logit_bias=bias)  # fmt: skip
                 out[i] = (await engine.complete(prompts[i], sp)).token_ids
 
             async with anyio.create_task_group() as tg:

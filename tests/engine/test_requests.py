@@ -47,6 +47,11 @@ def _prompt(seed: int, n: int = 8) -> list[int]:
         ({"logprobs": 21}, "logprobs"),
         ({"stop": ("",)}, "stop"),
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
+        ({"logit_bias": {5: 100.5}}, "logit_bias"),
+        ({"logit_bias": {-1: 1.0}}, "logit_bias"),
+        ({"logit_bias": [(5, 1.0), (5, 2.0)]}, "logit_bias"),
+        ({"logit_bias": {5: math.inf}}, "logit_bias"),
+        ({"logit_bias": {"5": 1.0}}, "logit_bias"),
     ],
 )
 def test_bad_sampling_params(kwargs: dict[str, Any], param: str) -> None:
@@ -194,6 +199,49 @@ async def test_stream_interval_chunks_and_same_output(engine: aserve.Engine, tin
             # Every chunk but the first and the last carries a full interval.
             assert all(len(d.token_ids) >= every for d in mine[1:-1]), [len(d.token_ids) for d in mine]
             assert len(mine) <= 2 + len(out.token_ids) // every
+
+
+async def test_logit_bias_matches_transformers_sequence_bias(
+    engine: aserve.Engine, tiny_llama: tuple[Path, Any]
+) -> None:
+    """Greedy with ``logit_bias`` equals transformers' greedy with the same ``sequence_bias``
+    (single-token sequences add the bias to the logits), batched with unbiased requests."""
+    hf = tiny_llama[1]
+    prompt = _prompt(11)
+    plain, _ = hf_greedy(hf, prompt, 16)
+    # Push down the two tokens greedy picks most, pull up one it never picks.
+    common = sorted(set(plain), key=plain.count, reverse=True)[:2]
+    favoured = next(t for t in range(5, 384) if t not in plain)
+    bias = {common[0]: -4.0, common[1]: -2.5, favoured: 2.0}
+    out = hf.generate(torch.tensor([prompt]), max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0,
+                      sequence_bias={(t,): b for t, b in bias.items()})  # fmt: skip
+    ref = out[0, len(prompt) :].tolist()
+    assert ref != plain  # the bias changes the continuation, so the test can tell
+    params = aserve.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, logit_bias=bias)
+    got: dict[int, list[int]] = {}
+
+    async def one(i: int, p: aserve.SamplingParams) -> None:
+        got[i] = (await engine.complete(prompt, p)).token_ids
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(one, 0, params)
+        tg.start_soon(one, 1, params.with_updates(logit_bias=()))
+        tg.start_soon(one, 2, params.with_updates(logprobs=2))
+    assert got == {0: ref, 1: plain, 2: ref}
+    # Logprobs stay the model's own: the biased pick is scored under the unbiased distribution.
+    r = await engine.complete(prompt, params.with_updates(logprobs=0, max_tokens=1))
+    logits = hf(torch.tensor([prompt])).logits[0, -1].float()
+    assert r.outputs[0].logprobs is not None
+    assert r.outputs[0].logprobs[0].logprob == pytest.approx(torch.log_softmax(logits, -1)[ref[0]].item(), abs=1e-4)
+    # A sampled request never picks a token biased by -100.
+    banned = {t: -100.0 for t in range(hf.config.vocab_size) if t not in (7, 9)}
+    sampled = await engine.complete(
+        prompt, aserve.SamplingParams(max_tokens=24, temperature=1.5, seed=3, ignore_eos=True, logit_bias=banned)
+    )
+    assert set(sampled.token_ids) <= {7, 9}
+    with pytest.raises(InvalidRequestError) as info:
+        await engine.complete(prompt, params.with_updates(logit_bias={10**6: 1.0}))
+    assert info.value.param == "logit_bias"
 
 
 # -- sampling ---------------------------------------------------------------------------------

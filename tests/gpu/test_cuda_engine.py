@@ -82,6 +82,7 @@ SAMPLING_VARIANTS = [
         max_tokens=12, temperature=0.8, repetition_penalty=1.2, frequency_penalty=0.5, presence_penalty=0.3
     ),
     aserve.SamplingParams(max_tokens=12, temperature=0, logprobs=3),
+    aserve.SamplingParams(max_tokens=12, temperature=0, logit_bias={5: 3.0, 9: -2.0}),
 ]
 
 

@@ -34,6 +34,7 @@ class P:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 def build(
@@ -352,12 +353,41 @@ def _all_paths_batches(vocab: int) -> list[tuple[torch.Tensor, SamplingBatch]]:
         [P(top_k=5), P(), P(min_p=0.1)],
         [P(top_p=0.8, top_k=4, min_p=0.05, logprobs=3), P(temperature=0.0), P()],
         [P(repetition_penalty=1.3, frequency_penalty=0.2, presence_penalty=0.1, logprobs=0)] * 3,
+        [P(temperature=0.0, logit_bias=((1, 5.0), (2, -3.0))), P(logit_bias=((0, 100.0),), logprobs=1), P()],
     ]
     out = []
     for params in cases:
         batch = build(params, prompts=[[1, 2]] * 3, outputs=[[3], [], [4, 4]])
         out.append((torch.randn(3, vocab, generator=gen), batch))
     return out
+
+
+def test_logit_bias_is_a_sparse_add_before_sampling() -> None:
+    """Greedy rows pick the argmax of logits + bias (a dense add, done here independently);
+    +100 forces a sampled row's token; logits and logprobs stay the model's."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 64, generator=gen)
+    before = logits.clone()
+    top2 = torch.topk(logits[0], 2).indices.tolist()
+    params = [
+        P(temperature=0.0, logit_bias=((top2[0], -100.0), (top2[1], -100.0))),  # the top two pushed out
+        P(temperature=0.0, logit_bias=((9, 2.5),)),
+        P(temperature=1.0, logit_bias=((17, 100.0),), logprobs=0),
+        P(temperature=0.0),
+    ]
+    out = sample(logits, build(params, seeds=[1, 2, 3, 4]))
+    dense = torch.zeros_like(logits)
+    for i, p in enumerate(params):
+        for tok, val in p.logit_bias:
+            dense[i, tok] += val
+    expected = (logits + dense).argmax(-1)
+    got = out.token_ids.tolist()
+    assert got[0] == expected[0] and got[0] not in top2
+    assert got[1] == expected[1] and got[3] == logits[3].argmax()
+    assert got[2] == 17
+    assert torch.equal(logits, before)
+    assert out.logprobs is not None
+    assert out.logprobs[2].item() == pytest.approx(torch.log_softmax(logits[2], -1)[17].item())
 
 
 def test_no_host_sync_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -485,6 +515,7 @@ def test_cpu_nucleus_shortcut_equals_full_sort(monkeypatch: pytest.MonkeyPatch, 
             self.temperature, self.top_p, self.top_k, self.min_p = temperature, top_p, top_k, min_p
             self.repetition_penalty, self.frequency_penalty, self.presence_penalty = 1.0, 0.0, 0.0
             self.logprobs = None
+            self.logit_bias: tuple[tuple[int, float], ...] = ()
 
     params = [
         P([0.5, 0.9, 0.99, 1.0][i % 4], [0, 0, 40, 3000][i % 4 if i % 3 else 0], [0.0, 0.05][i % 2])
@@ -516,6 +547,7 @@ def test_the_largest_hash_value_does_not_win_the_race() -> None:
         temperature, top_p, min_p = 1.0, 1.0, 0.0
         repetition_penalty, frequency_penalty, presence_penalty = 1.0, 0.0, 0.0
         logprobs = None
+        logit_bias: tuple[tuple[int, float], ...] = ()
 
         def __init__(self, top_k: int) -> None:
             self.top_k = top_k
@@ -537,6 +569,7 @@ def test_large_vocab_draws_stay_inside_top_k_and_are_not_flat() -> None:
         temperature, top_p, min_p = 0.7, 1.0, 0.0
         repetition_penalty, frequency_penalty, presence_penalty = 1.0, 0.0, 0.0
         logprobs = None
+        logit_bias: tuple[tuple[int, float], ...] = ()
 
         def __init__(self, top_k: int) -> None:
             self.top_k = top_k
@@ -564,6 +597,7 @@ def test_cpu_chunked_race_equals_one_pass(monkeypatch: pytest.MonkeyPatch, kind:
         temperature, top_p = 0.8, 1.0
         repetition_penalty, frequency_penalty, presence_penalty = 1.0, 0.0, 0.0
         logprobs = None
+        logit_bias: tuple[tuple[int, float], ...] = ()
         top_k = 40 if kind == "top_k" else 0
         min_p = 0.05 if kind == "min_p" else 0.0
 

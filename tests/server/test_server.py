@@ -196,7 +196,29 @@ MALFORMED: list[tuple[str, bytes, dict[str, str], int, str | None]] = [
     ("empty prompt", json.dumps({"model": MODEL, "prompt": ""}).encode(), {}, 400, "prompt"),
     ("bad token id", json.dumps({"model": MODEL, "prompt": [1, 10**9]}).encode(), {}, 400, "prompt"),
     ("prompt too long", json.dumps({"model": MODEL, "prompt": [2] * 9000}).encode(), {}, 400, "prompt"),
+    *(
+        (
+            f"logit_bias {b}",
+            json.dumps({"model": MODEL, "prompt": "hi", "logit_bias": b}).encode(),
+            {},
+            400,
+            "logit_bias",
+        )
+        for b in ({"x": 1}, {"5": 101}, {"-3": 1}, {str(10**9): 1})
+    ),
 ]
+
+
+def test_logit_bias_steers_tokens(client: openai.OpenAI, tokenizer: Any) -> None:
+    """OpenAI's logit_bias (token ids as string keys): +100 on one token makes greedy pick it
+    every time; streamed and non-streamed agree."""
+    forced = tokenizer.encode(" Paris")[0]
+    kw: dict[str, Any] = {"model": MODEL, "prompt": "Name a colour:", "max_tokens": 4, "temperature": 0,
+                          "logit_bias": {str(forced): 100}, "extra_body": {"ignore_eos": True}}  # fmt: skip
+    full = client.completions.create(**kw)
+    assert full.choices[0].text == tokenizer.decode([forced] * 4)
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True) if c.choices)
+    assert streamed == full.choices[0].text
 
 
 async def test_malformed_requests_while_streaming(server: ServerProcess) -> None:
