@@ -39,6 +39,7 @@ from aserve.scheduler.policy import Plan
 from aserve.scheduler.req import Req
 
 _NO_OUTPUTS: list[int] = []  # stands for the output of a request without penalties (never read)
+_NO_BAN: frozenset[int] = frozenset()
 
 
 class StepEntry(NamedTuple):
@@ -166,6 +167,7 @@ class ModelRunner:
         # (batch row, column in output_tokens, index among decodes): filled on the device
         pending: list[tuple[int, int, int]] = []
         params, seeds, steps, prompts, outputs = [], [], [], [], []
+        banned: list[frozenset[int]] = []
         for i, s in enumerate(plan.seqs):
             rows.append(s.row)
             gens.append(s.generation)
@@ -193,6 +195,8 @@ class ModelRunner:
             seeds.append(req.seed)
             steps.append(s.output_index)
             prompts.append(req.prompt_ids)
+            # Under min_tokens, this step's token may not be a stop id (EOS included).
+            banned.append(req.stop_ids if s.output_index < req.params.min_tokens else _NO_BAN)
             if has_penalty(req.params):
                 # Only penalties read the output so far: copying it for every request on
                 # every step would cost O(tokens generated) per step.
@@ -248,7 +252,7 @@ class ModelRunner:
             "spans": spans,
             "prefix_cpu": prefix,
             "extend_cpu": extend,
-            "sampling": (params, seeds, steps, prompts, outputs),
+            "sampling": (params, seeds, steps, prompts, outputs, banned),
         }
 
     def _graph_fast_inputs(self, plan: Plan) -> dict[str, Any] | None:
@@ -262,6 +266,8 @@ class ModelRunner:
         for s in plan.seqs:
             if s.input_ids is not None or s.prefix_slots or not is_plain_greedy(s.req.params):
                 return None
+            if s.output_index < s.req.params.min_tokens:
+                return None  # stop ids are banned this step: the sampler must run
         rows = [s.row for s in plan.seqs]
         positions = [s.prefix_len for s in plan.seqs]
         graph_in = graphs.host_inputs(rows, positions, [s.slots[0] for s in plan.seqs])
@@ -417,8 +423,8 @@ class ModelRunner:
 def _sampling_batch(sampling: tuple[Any, ...] | None, device: torch.device | str) -> SamplingBatch | None:
     if sampling is None:
         return None
-    params, seeds, steps, prompts, outputs = sampling
-    return make_sampling_batch(params, seeds, steps, prompts, outputs, device)
+    params, seeds, steps, prompts, outputs, banned = sampling
+    return make_sampling_batch(params, seeds, steps, prompts, outputs, device, banned)
 
 
 def unpack_int64(flat: torch.Tensor, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:

@@ -22,7 +22,8 @@ class SamplingParams:
     end the request on those ids (the id is kept in ``token_ids``, its text is not emitted
     when it is a special token). ``logit_bias`` adds a value in [-100, 100] to the logits of
     the given token ids before sampling (OpenAI's parameter; a dict or (id, bias) pairs).
-    Logprobs still describe the model's own distribution.
+    Logprobs still describe the model's own distribution. ``min_tokens``: no EOS, stop token
+    id or stop string ends the request before this many tokens (vLLM's parameter).
     """
 
     max_tokens: int = 16
@@ -42,6 +43,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         # Accept lists/str for convenience; store tuples so the object stays hashable.
@@ -95,6 +97,8 @@ class SamplingParams:
             raise bad("stop_token_ids", "must be non-negative integers")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= _MAX_LOGPROBS):
             raise bad("logprobs", f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.logprobs!r}")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise bad("min_tokens", f"must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         if len(self.logit_bias) > _MAX_LOGIT_BIAS:
             raise bad("logit_bias", f"allows at most {_MAX_LOGIT_BIAS} entries, got {len(self.logit_bias)}")
         for tok, val in self.logit_bias:

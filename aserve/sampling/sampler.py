@@ -44,7 +44,8 @@ different steps/seeds behave as independent.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import math
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -471,10 +472,12 @@ def make_sampling_batch(
     prompt_ids_list: Sequence[Sequence[int]],
     output_ids_list: Sequence[Sequence[int]],
     device: torch.device | str,
+    banned_list: Sequence[Collection[int]] | None = None,
 ) -> SamplingBatch:
     """Build a :class:`SamplingBatch` from plain Python values (host work, one upload per
     tensor). Host flags only count non-greedy rows for top-k/top-p/min-p, since greedy rows
-    ignore those knobs."""
+    ignore those knobs. ``banned_list``: per row, token ids that must not be sampled this
+    step (a request under its ``min_tokens`` bans its stop ids); they override its bias."""
     n = len(params_list)
     if not (len(seeds) == len(steps) == len(prompt_ids_list) == len(output_ids_list) == n):
         raise ValueError("make_sampling_batch: all per-row lists must have the same length")
@@ -496,10 +499,16 @@ def make_sampling_batch(
     bias_ids: list[int] = []
     bias_vals: list[float] = []
     for i, p in enumerate(params_list):
+        banned = banned_list[i] if banned_list is not None else ()
         for tok, val in p.logit_bias:
+            if tok not in banned:  # (row, id) pairs stay unique: the scatter does not accumulate
+                bias_rows.append(i)
+                bias_ids.append(tok)
+                bias_vals.append(float(val))
+        for tok in banned:
             bias_rows.append(i)
             bias_ids.append(tok)
-            bias_vals.append(float(val))
+            bias_vals.append(-math.inf)
 
     def f32(values: list[float]) -> Tensor:
         return torch.tensor(values, dtype=torch.float32, device=device)

@@ -72,21 +72,26 @@ class Committer:
         if req.first_token_time is None:
             req.first_token_time = now
         req.cell.push(token, logprob)
-        if token in req.stop_ids:
+        # Under min_tokens nothing stops the request early (the sampler banned its stop ids;
+        # stop strings are not looked for in text that ends before min_tokens).
+        may_stop = len(req.output_ids) >= req.params.min_tokens
+        if token in req.stop_ids and may_stop:
             stop_reason = token if token in req.params.stop_token_ids else None
             self.finish(req, "stop", stop_reason)
-        elif req.params.stop and self._hit_stop_string(req, token):
+        elif req.params.stop and self._hit_stop_string(req, token, may_stop):
             pass  # finished inside
         elif len(req.output_ids) >= req.max_new_tokens:
             self.finish(req, "length")
 
-    def _hit_stop_string(self, req: Req, token: int) -> bool:
+    def _hit_stop_string(self, req: Req, token: int, may_stop: bool = True) -> bool:
         detok = self._stop_detok.get(id(req))
         if detok is None:
             detok = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=req.params.skip_special_tokens)
             self._stop_detok[id(req)] = detok
         before = len(detok.text)
         detok.push([token])
+        if not may_stop:
+            return False  # the text is kept: a stop string may end after min_tokens
         text = detok.text
         longest = max(len(s) for s in req.params.stop)
         start = max(0, before - longest + 1)

@@ -61,6 +61,7 @@ class _SamplingFields(_Request):
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool | None = False
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
+    min_tokens: StrictInt | None = _documented(minimum=0)  # vLLM's extension: no stop before this many
     user: str | None = None
 
     @property
@@ -85,6 +86,7 @@ class _SamplingFields(_Request):
             logprobs=logprobs,
             n=self.n,
             logit_bias=_token_bias(self.logit_bias),
+            min_tokens=self.min_tokens or 0,
         )
 
 

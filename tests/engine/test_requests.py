@@ -52,6 +52,8 @@ def _prompt(seed: int, n: int = 8) -> list[int]:
         ({"logit_bias": [(5, 1.0), (5, 2.0)]}, "logit_bias"),
         ({"logit_bias": {5: math.inf}}, "logit_bias"),
         ({"logit_bias": {"5": 1.0}}, "logit_bias"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 17}, "min_tokens"),
     ],
 )
 def test_bad_sampling_params(kwargs: dict[str, Any], param: str) -> None:
@@ -242,6 +244,48 @@ async def test_logit_bias_matches_transformers_sequence_bias(
     with pytest.raises(InvalidRequestError) as info:
         await engine.complete(prompt, params.with_updates(logit_bias={10**6: 1.0}))
     assert info.value.param == "logit_bias"
+
+
+def test_min_tokens_matches_transformers_min_new_tokens(eos_llama: tuple[Path, Any]) -> None:
+    """``min_tokens`` against transformers' ``min_new_tokens``: EOS (and stop token ids) are
+    banned until then, so a greedy run that would stop early runs on, then stops as
+    transformers does. Stop strings do not end a request before ``min_tokens`` either."""
+    path, hf = eos_llama
+
+    def hf_run(prompt: list[int], stop: list[int], min_new: int) -> list[int]:
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=30, min_new_tokens=min_new, do_sample=False,
+                          eos_token_id=stop, pad_token_id=0)  # fmt: skip
+        return list(out[0, len(prompt) :].tolist())
+
+    found = next(s for s in range(100) if 2 in hf_run(_prompt(s, 4), [2], 0)[1:8])
+    prompt = _prompt(found, 4)
+    early = hf_run(prompt, [2], 0)
+    cut = early.index(2) + 1
+    ref = hf_run(prompt, [2], cut + 4)
+    assert len(ref) >= cut + 4 and ref != early  # the test can tell min_tokens from none
+    plain = hf_run(prompt, [], 0)  # no stop at all: the free-running greedy continuation
+    target = plain[3]
+    stop_ref = hf_run(prompt, [target], 6)
+    assert len(stop_ref) > 4  # without min_tokens it would stop at the 4th token
+
+    async def main() -> None:
+        async with aserve.Engine(model=str(path), debug=True, warmup=False) as eng:
+            p = aserve.SamplingParams(max_tokens=30, temperature=0)
+            got = await eng.complete(prompt, p.with_updates(min_tokens=cut + 4))
+            assert got.token_ids == ref
+            assert got.finish_reason == ("stop" if ref[-1] == 2 else "length")
+            assert (await eng.complete(prompt, p)).token_ids == early  # without it: the early stop
+            q = p.with_updates(ignore_eos=True, stop_token_ids=(target,), min_tokens=6)
+            assert (await eng.complete(prompt, q)).token_ids == stop_ref
+            free = await eng.complete(prompt, p.with_updates(ignore_eos=True))
+            stop = free.text[2:5]  # occurs in the first tokens' text
+            soon = await eng.complete(prompt, p.with_updates(ignore_eos=True, stop=(stop,)))
+            assert soon.finish_reason == "stop" and len(soon.token_ids) < 20
+            late = await eng.complete(prompt, p.with_updates(ignore_eos=True, stop=(stop,), min_tokens=20))
+            assert len(late.token_ids) >= 20 and late.token_ids == free.token_ids[: len(late.token_ids)]
+            assert eng.ledger().all_free
+
+    anyio.run(main)
 
 
 # -- sampling ---------------------------------------------------------------------------------

@@ -83,6 +83,7 @@ SAMPLING_VARIANTS = [
     ),
     aserve.SamplingParams(max_tokens=12, temperature=0, logprobs=3),
     aserve.SamplingParams(max_tokens=12, temperature=0, logit_bias={5: 3.0, 9: -2.0}),
+    aserve.SamplingParams(max_tokens=12, temperature=0.7, min_tokens=8),
 ]
 
 

@@ -390,6 +390,18 @@ def test_logit_bias_is_a_sparse_add_before_sampling() -> None:
     assert out.logprobs[2].item() == pytest.approx(torch.log_softmax(logits[2], -1)[17].item())
 
 
+def test_banned_ids_override_bias_and_are_never_drawn() -> None:
+    """``banned_list`` (a request under min_tokens bans its stop ids): never drawn, greedy or
+    sampled, even where the request's own logit_bias pushes the same id up."""
+    logits = torch.zeros(3, 32)
+    logits[:, 4] = 50.0  # the id to ban dominates
+    params = [P(temperature=0.0, logit_bias=((4, 100.0),)), P(temperature=1.0), P(temperature=0.0)]
+    batch = make_sampling_batch(params, [1, 2, 3], [0, 0, 0], [[1]] * 3, [[]] * 3, "cpu", [{4, 5}, {4}, set()])
+    assert batch.bias_index is not None and batch.bias_index.shape[1] == 3  # (0, 4), (0, 5), (1, 4): unique
+    tokens = sample(logits, batch).token_ids.tolist()
+    assert tokens[0] not in (4, 5) and tokens[1] != 4 and tokens[2] == 4
+
+
 def test_no_host_sync_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     # The device paths (what CUDA runs); the CPU-only top-p shortcut syncs on purpose.
     monkeypatch.setattr(sampler_mod, "_CPU_NUCLEUS", False)

@@ -206,6 +206,13 @@ MALFORMED: list[tuple[str, bytes, dict[str, str], int, str | None]] = [
         )
         for b in ({"x": 1}, {"5": 101}, {"-3": 1}, {str(10**9): 1})
     ),
+    (
+        "min_tokens > max_tokens",
+        json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2, "min_tokens": 3}).encode(),
+        {},
+        400,
+        "min_tokens",
+    ),
 ]
 
 
@@ -219,6 +226,10 @@ def test_logit_bias_steers_tokens(client: openai.OpenAI, tokenizer: Any) -> None
     assert full.choices[0].text == tokenizer.decode([forced] * 4)
     streamed = "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True) if c.choices)
     assert streamed == full.choices[0].text
+    # vLLM's min_tokens as an extra field: no EOS before it, so min_tokens == max_tokens is exact.
+    short = client.completions.create(model=MODEL, prompt="Hi", max_tokens=5, temperature=0,
+                                      extra_body={"min_tokens": 5})  # fmt: skip
+    assert short.usage is not None and short.usage.completion_tokens == 5
 
 
 async def test_malformed_requests_while_streaming(server: ServerProcess) -> None:
