@@ -1,7 +1,7 @@
 """Overlap (pipeline depth 2) against serial (depth 1): same tokens, and real overlap.
 
 Property test: random workloads (arrivals while batches run, random lengths, EOS, stop
-strings and stop ids, max_tokens = 1, aborts at random moments including while the request
+strings and stop ids, min_tokens, logit bias, max_tokens = 1, aborts at random moments including while the request
 is in flight, a KV pool small enough to force retraction) give identical tokens and finish
 reasons in both modes for every request that was not aborted; nothing is emitted after a
 stop; the ledger is all free afterwards; the FutureMap poison check (debug mode) never fires.
@@ -48,14 +48,18 @@ def workloads(draw: st.DrawFn) -> list[Item]:
         plen = draw(st.integers(1, 40))
         prompt = [1, *draw(st.lists(st.integers(3, 383), min_size=plen, max_size=plen))]
         sampled = draw(st.booleans())
+        max_tokens = draw(st.sampled_from([1, 2, 5, 17, 30]))
         params = aserve.SamplingParams(
-            max_tokens=draw(st.sampled_from([1, 2, 5, 17, 30])),
+            max_tokens=max_tokens,
             temperature=0.8 if sampled else 0.0,
             top_k=draw(st.sampled_from([0, 10])) if sampled else 0,
             seed=draw(st.integers(0, 2**31)) if sampled else None,
             stop=draw(st.sampled_from([(), ("e",), ("th", "q")])),
             stop_token_ids=draw(st.sampled_from([(), (prompt[-1],)])),
             presence_penalty=draw(st.sampled_from([0.0, 0.0, 0.7])),  # penalties cap the look-ahead at 1
+            # Bans decided per planned step (the look-ahead's output index), and a sparse bias.
+            min_tokens=min(max_tokens, draw(st.sampled_from([0, 0, 3, 12]))),
+            logit_bias=draw(st.sampled_from([{}, {}, {2: 1.5, 7: -3.0}])),
         )
         abort_after = draw(st.one_of(st.none(), st.integers(0, 4)))
         items.append(Item(prompt, params, draw(st.floats(0, 0.05)), abort_after))
@@ -86,7 +90,7 @@ async def _run(
                 n += 1
                 if item.abort_after is not None and n > item.abort_after:
                     break
-            if finish is not None:
+            if finish is not None and not item.params.min_tokens:  # min_tokens lets early stop strings through
                 for s in item.params.stop:
                     assert s not in "".join(text), f"stop string {s!r} was emitted"
                 if finish == "stop" and item.params.stop_token_ids and ids[-1] in item.params.stop_token_ids:

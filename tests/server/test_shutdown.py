@@ -34,7 +34,8 @@ async def _stream(http: httpx.AsyncClient, max_tokens: int, started: asyncio.Eve
 
 
 async def test_sigterm_drains_streams(tmp_path: Path) -> None:
-    srv = ServerProcess("--shutdown-timeout", "3", "--max-waiting-requests", "32", log_path=tmp_path / "server.log")
+    # A grace period that a loaded machine still finishes 4 tokens in; 3000 tokens never fit it.
+    srv = ServerProcess("--shutdown-timeout", "8", "--max-waiting-requests", "32", log_path=tmp_path / "server.log")
     try:
         srv.wait_ready()
         assert srv.saw_loading, "/health should answer 503 while the model loads"
@@ -46,7 +47,7 @@ async def test_sigterm_drains_streams(tmp_path: Path) -> None:
             assert r.json()["error"]["type"] == "overloaded_error"
             started = [asyncio.Event() for _ in range(20)]
             # Half finish well inside the grace period, half cannot and must be cut off.
-            tasks = [asyncio.create_task(_stream(http, 4 if i % 2 == 0 else 400, started[i])) for i in range(20)]
+            tasks = [asyncio.create_task(_stream(http, 4 if i % 2 == 0 else 3000, started[i])) for i in range(20)]
             await asyncio.wait_for(asyncio.gather(*(e.wait() for e in started)), 60)
             srv.proc.send_signal(signal.SIGTERM)
             await asyncio.sleep(0.3)
