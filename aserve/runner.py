@@ -240,15 +240,9 @@ class ModelRunner:
         }
         if graph_in is not None:
             fields["graph_in"] = graph_in
-        # One host tensor for every int64 input (one torch.tensor call, one H2D copy); the
-        # fields are views into it, rebuilt on the device side by ``unpack_int64``.
-        flat: list[int] = []
-        spans: dict[str, tuple[int, int]] = {}
-        for name, values in fields.items():
-            spans[name] = (len(flat), len(values))
-            flat.extend(values)
+        packed, spans = pack_int64(fields)
         return {
-            "packed_i64": torch.tensor(flat, dtype=torch.int64),
+            "packed_i64": packed,
             "spans": spans,
             "prefix_cpu": prefix,
             "extend_cpu": extend,
@@ -273,13 +267,13 @@ class ModelRunner:
         graph_in = graphs.host_inputs(rows, positions, [s.slots[0] for s in plan.seqs])
         if graph_in is None:
             return None
-        n, g = len(rows), len(graph_in)
         self.fast_graph_steps += 1
+        packed, spans = pack_int64({"graph_in": graph_in, "rows": rows, "gens": [s.generation for s in plan.seqs]})
         return {
-            "packed_i64": torch.tensor(graph_in + rows + [s.generation for s in plan.seqs], dtype=torch.int64),
-            "spans": {"graph_in": (0, g), "rows": (g, n), "gens": (g + n, n)},
+            "packed_i64": packed,
+            "spans": spans,
             "prefix_cpu": positions,
-            "extend_cpu": [1] * n,
+            "extend_cpu": [1] * len(rows),
             "sampling": None,
         }
 
@@ -425,6 +419,25 @@ def _sampling_batch(sampling: tuple[Any, ...] | None, device: torch.device | str
         return None
     params, seeds, steps, prompts, outputs, banned = sampling
     return make_sampling_batch(params, seeds, steps, prompts, outputs, device, banned)
+
+
+def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tuple[int, int]]]:
+    """Every int64 input of a step in one host tensor (one ``torch.tensor`` call, one H2D
+    copy); ``unpack_int64`` turns it back into views by name.
+
+    Each field starts on a 16-byte boundary (odd-length fields get one int64 of padding).
+    Triton specialises a kernel on whether each pointer argument is 16-byte aligned, so
+    without this a field's alignment would follow the parity of the batch size, and the
+    first prefill of the other parity compiled new attention kernels in the middle of
+    serving (H200: a 1.3 s launch; warm-up had covered only one parity)."""
+    flat: list[int] = []
+    spans: dict[str, tuple[int, int]] = {}
+    for name, values in fields.items():
+        spans[name] = (len(flat), len(values))
+        flat.extend(values)
+        if len(values) % 2:
+            flat.append(0)
+    return torch.tensor(flat, dtype=torch.int64), spans
 
 
 def unpack_int64(flat: torch.Tensor, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:

@@ -19,3 +19,26 @@ def test_upload_packs_by_dtype_and_round_trips() -> None:
     # A later slot does not disturb an earlier slot's buffer.
     st.upload(1, {"a": torch.full((5,), 9)}, torch.device("cpu"))
     assert torch.equal(st.buffer(0, torch.int64, 5), torch.arange(5))
+
+
+def test_packed_int64_fields_round_trip_on_16_byte_boundaries() -> None:
+    """Triton specialises kernels on 16-byte pointer alignment: every field's view must be
+    aligned whatever the batch size, or a batch of the other parity compiles new kernels."""
+    from aserve.runner import pack_int64, unpack_int64
+
+    for n in range(1, 8):
+        fields = {
+            "graph_in": list(range(3 * n)),
+            "rows": list(range(n)),
+            "gens": [7] * n,
+            "extend": list(range(n, 2 * n)),
+            "empty": [],
+            "odd": [5, 6, 7],
+        }
+        packed, spans = pack_int64(fields)
+        views = unpack_int64(packed.clone(), spans)  # a fresh allocation, as the H2D copy makes
+        assert views["graph_in"].tolist() == [fields["graph_in"][i * n : (i + 1) * n] for i in range(3)]
+        for name, values in fields.items():
+            if name != "graph_in":
+                assert views[name].tolist() == values
+            assert views[name].data_ptr() % 16 == 0, (n, name)
