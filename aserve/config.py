@@ -20,12 +20,15 @@ class EngineConfig:
     model: str = "gemma-3-270m"
     device: str | None = None  # "cpu", "cuda", "cuda:1"; None picks CUDA when available
     dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: float32 on CPU, bfloat16 on GPU
-    overlap: bool = True  # pipeline depth 2; False runs the same code at depth 1
+    overlap: bool = True  # pipeline depth 2 or 3 (overlap_depth); False runs the same code at depth 1
     # Steps planned or in flight but not committed when overlap is on. 2 is SGLang's scheme
     # (the host commits n-1 and plans n+1 while the device runs n); 3 lets the host run one
     # more step ahead, so one slow host step does not idle the device. Requests with
     # penalties stay at a look-ahead of one step (their sampler reads committed outputs).
-    overlap_depth: int = 2
+    # None: 3 on the CUDA fast path (decode graphs), where a device step is about as long as
+    # the host's work for it (H200, W2 steady idle: 7-15% at 2, a median 1.2% over ten runs
+    # at 3; docs/benchmarks.md); 2 elsewhere.
+    overlap_depth: int | None = None
     # A stream's consumer is woken for its first token, then once this many tokens wait
     # (and at the end): fewer, larger chunks for less per-token host work on the loop that
     # also plans and commits. 1 sends every token as it commits (SGLang's --stream-interval).
@@ -68,7 +71,7 @@ class EngineConfig:
             raise InvalidRequestError("mem_fraction must be in (0, 1]", param="mem_fraction")
         if self.cuda_graph and self.resolved_attention_backend != "triton":
             raise InvalidRequestError("cuda_graph needs attention_backend='triton'", param="cuda_graph")
-        if self.overlap_depth not in (2, 3):
+        if self.overlap_depth not in (None, 2, 3):
             raise InvalidRequestError("overlap_depth must be 2 or 3", param="overlap_depth")
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", param="stream_interval")
@@ -76,8 +79,14 @@ class EngineConfig:
             raise InvalidRequestError("max_num_batched_tokens and max_running_requests must be >= 1")
 
     @property
+    def resolved_overlap_depth(self) -> int:
+        if self.overlap_depth is not None:
+            return self.overlap_depth
+        return 3 if self._fast_path_available and self.use_cuda_graph else 2
+
+    @property
     def pipeline_depth(self) -> int:
-        return self.overlap_depth if self.overlap else 1
+        return self.resolved_overlap_depth if self.overlap else 1
 
     @property
     def torch_device(self) -> torch.device:

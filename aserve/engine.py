@@ -174,6 +174,7 @@ class Engine:
             full_context_requests=parts.pool.total_tokens // parts.pool.max_context,
             max_running_requests=cfg.max_running_requests,
             overlap=cfg.overlap,
+            pipeline_depth=cfg.pipeline_depth,
             attention=cfg.resolved_attention_backend,
             fused_ops=cfg.use_fused_ops,
             cuda_graph=cfg.use_cuda_graph,

@@ -138,6 +138,24 @@ def test_depth_three_equals_serial(eos_llama: tuple[Path, Any], items: list[Item
         assert a == b, f"request {i} ({items[i]}): serial {a} != depth 3 {b}"
 
 
+def test_pipeline_depth_follows_the_device() -> None:
+    """Unset, the overlap depth is 3 on the CUDA fast path (decode graphs) and 2 elsewhere;
+    an explicit depth wins; serial is depth 1. Config only: nothing here touches a GPU."""
+    from aserve.config import EngineConfig
+
+    assert EngineConfig(device="cpu").pipeline_depth == 2
+    assert EngineConfig(device="cpu", overlap=False).pipeline_depth == 1
+    assert EngineConfig(device="cpu", overlap_depth=3).pipeline_depth == 3
+    cuda = EngineConfig(device="cuda")
+    assert cuda.pipeline_depth == (3 if cuda.use_cuda_graph else 2)  # graphs need triton
+    assert EngineConfig(device="cuda", attention_backend="torch").pipeline_depth == 2  # eager: no graphs
+    assert EngineConfig(device="cuda", cuda_graph=False).pipeline_depth == 2
+    assert EngineConfig(device="cuda", overlap_depth=2).pipeline_depth == 2
+    assert EngineConfig(device="cuda", overlap=False).pipeline_depth == 1
+    with pytest.raises(aserve.InvalidRequestError, match="overlap_depth"):
+        EngineConfig(overlap_depth=4)
+
+
 def test_aborts_in_flight_leave_nothing(eos_llama: tuple[Path, Any]) -> None:
     """Aborts timed to land while the request's step is on the device."""
     rng = random.Random(5)

@@ -115,11 +115,12 @@ def test_defaults_are_the_fast_path_and_overlap_matches_serial(tiny_gemma: tuple
     path, _ = tiny_gemma
     prompts = _prompts(13, seed=5)
 
-    async def run(overlap: bool, depth: int = 2) -> list[list[int]]:
+    async def run(overlap: bool, depth: int | None = None) -> list[list[int]]:
         async with aserve.Engine(model=str(path), device="cuda", dtype="float32", overlap=overlap, overlap_depth=depth,
                                  max_running_requests=16, max_context=256) as engine:  # fmt: skip
             cfg = engine.config
             assert cfg.resolved_attention_backend == "triton" and cfg.use_fused_ops and cfg.use_cuda_graph
+            assert engine.stats().pipeline_depth == (1 if not overlap else depth or 3)  # 3 by default on CUDA
             out: dict[int, list[int]] = {}
 
             async def one(i: int) -> None:
@@ -133,5 +134,5 @@ def test_defaults_are_the_fast_path_and_overlap_matches_serial(tiny_gemma: tuple
             return [out[i] for i in range(len(prompts))]
 
     serial = anyio.run(run, False)
-    assert anyio.run(run, True) == serial
-    assert anyio.run(run, True, 3) == serial  # overlap_depth=3: two steps queued ahead
+    assert anyio.run(run, True) == serial  # the default on CUDA: depth 3, two steps queued ahead
+    assert anyio.run(run, True, 2) == serial  # SGLang's depth: one step ahead
