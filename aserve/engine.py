@@ -15,6 +15,7 @@ half-updated by the other.
 from __future__ import annotations
 
 import contextlib
+import gc
 import itertools
 import math
 import random
@@ -88,6 +89,7 @@ class Engine:
         self.requests_aborted = 0
         self.prompt_tokens = 0
         self._live: set[Req] = set()
+        self._gc_frozen = False
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -178,12 +180,26 @@ class Engine:
             attention=cfg.resolved_attention_backend,
             fused_ops=cfg.use_fused_ops,
             cuda_graph=cfg.use_cuda_graph,
+            gc_freeze=cfg.use_gc_freeze,
             load_s=round(parts.load_s, 2),
         )
         if cfg.warmup:
+            # A greedy and a sampled request in one batch: the first use of the sampler's ops
+            # (top-k/p, penalties, logprobs) is slow on CUDA (H200: a 0.2 s launch), and would
+            # otherwise land on the first user request that samples.
             bos = parts.tokenizer.bos_token_id
-            await self.complete([bos if bos is not None else 0] * 4, SamplingParams(max_tokens=2, temperature=0))
+            prompt = [bos if bos is not None else 0] * 4
+            sampled = SamplingParams(max_tokens=2, temperature=0.8, top_k=40, top_p=0.9, min_p=0.01, seed=0,
+                                     repetition_penalty=1.1, logprobs=1)  # fmt: skip
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.complete, prompt, SamplingParams(max_tokens=2, temperature=0))
+                tg.start_soon(self.complete, prompt, sampled)
             self._stats.reset()
+        if cfg.use_gc_freeze:
+            # Start-up garbage is collected first, so nothing dead is kept alive by the freeze.
+            gc.collect()
+            gc.freeze()
+            self._gc_frozen = True
 
     @staticmethod
     async def _load_on_stream(stream: CpuStream, cfg: EngineConfig) -> LoadedEngine:
@@ -231,6 +247,9 @@ class Engine:
             self._cuda_waiter.close()
         if self._trace is not None:
             self._trace.write()
+        if self._gc_frozen:
+            gc.unfreeze()  # process-wide: what was frozen is the collector's again
+            self._gc_frozen = False
 
     # -- public API --------------------------------------------------------------
 
