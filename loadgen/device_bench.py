@@ -21,6 +21,7 @@ The tokenizer directory must hold a ``tokenizer.model`` whose vocabulary covers 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import platform
@@ -165,8 +166,10 @@ def run_throughput(
             engine.reset_stats()
             if profiler is not None:  # serving only: not start-up, compilation or capture
                 profiler.enable()
+            gc_log = _GcPauses()
             t0 = time.perf_counter()
-            res = await _run_batch(engine, prompts, params)
+            with gc_log:
+                res = await _run_batch(engine, prompts, params)
             wall = time.perf_counter() - t0
             if profiler is not None:
                 profiler.disable()
@@ -211,11 +214,41 @@ def run_throughput(
             "host_launch_ms_per_step": st.host_launch_s / st.num_steps * 1e3,
             "host_commit_ms_per_step": st.host_commit_s / st.num_steps * 1e3,
             "steady_by_quarter": by_quarter,
+            "gc_pauses": gc_log.summary(),
             "slowest_launches": [{"step": r.index, "seqs": r.num_seqs, "tokens": r.num_tokens,
                                   "launch_ms": r.launch_s * 1e3} for r in slowest],
         }  # fmt: skip
 
     return anyio.run(run)
+
+
+class _GcPauses:
+    """Cyclic-GC collections while serving (gc.callbacks): count, total and longest pause
+    per generation. A full collection stalls the loop that launches steps."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+        self.pauses: list[tuple[int, float]] = []
+
+    def _cb(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._start))
+
+    def __enter__(self) -> _GcPauses:
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._cb)
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        out: dict[str, dict[str, float]] = {}
+        for gen in sorted({g for g, _ in self.pauses}):
+            ds = [d for g, d in self.pauses if g == gen]
+            out[f"gen{gen}"] = {"count": len(ds), "total_ms": sum(ds) * 1e3, "max_ms": max(ds) * 1e3}
+        return out
 
 
 def bench_wakeup(waits: int = 40, sleep_cycles: int = 2_700_000) -> list[dict[str, Any]]:
@@ -512,17 +545,19 @@ def _table(results: dict[str, Any]) -> None:
             f"parity {p['shape']:>12}: {p['exact_match']}/{p['requests']} exact; first divergence {p['first_divergence']}"
         )
     print(
-        f"{'run':>34} {'tok/s':>9} {'gap p50 us':>10} {'idle%':>6} {'busy ms':>8} {'plan':>6} {'launch':>6} {'commit':>6}"
+        f"{'run':>34} {'tok/s':>9} {'gap p50 us':>10} {'idle%':>6} {'busy ms':>8} {'plan':>6} {'launch':>6} {'commit':>6} {'gc2 n/ms':>9}"
     )
     for key in ("bf16", "w2"):
         for r in results.get(key, []):
             name = f"{key} {r['shape']} {'overlap' if r['overlap'] else 'serial'}"
             gap = r["median_decode_gap_us"]
             idle = r["steady_decode_idle_fraction"]
+            full = r.get("gc_pauses", {}).get("gen2", {"count": 0, "total_ms": 0.0})
             print(
                 f"{name:>34} {r['output_tok_s']:9.1f} {gap if gap is None else round(gap, 1)!s:>10} "
                 f"{'-' if idle is None else round(100 * idle, 2)!s:>6} {r['median_step_busy_ms'] or 0:8.2f} "
-                f"{r['host_plan_ms_per_step']:6.2f} {r['host_launch_ms_per_step']:6.2f} {r['host_commit_ms_per_step']:6.2f}"
+                f"{r['host_plan_ms_per_step']:6.2f} {r['host_launch_ms_per_step']:6.2f} {r['host_commit_ms_per_step']:6.2f} "
+                f"{full['count']:>3}/{full['total_ms']:<5.1f}"
             )
     sys.stdout.flush()
 
