@@ -88,7 +88,7 @@ class EngineConfig:
     def resolved_overlap_depth(self) -> int:
         if self.overlap_depth is not None:
             return self.overlap_depth
-        return 3 if self._fast_path_available and self.use_cuda_graph else 2
+        return 3 if self.torch_device.type == "cuda" and self.use_cuda_graph else 2
 
     @property
     def pipeline_depth(self) -> int:
