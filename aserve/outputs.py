@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from aserve.scheduler.pipeline import Signal
+from aserve.engine.pipeline import Signal
 
 FinishReason = Literal["stop", "length", "abort"]
 

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 import aserve
-from aserve.runner import ModelRunner
+from aserve.device.runner import ModelRunner
 
 
 def test_device_error_fails_requests_cleanly(tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch) -> None:

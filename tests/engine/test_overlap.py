@@ -22,10 +22,10 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import aserve
+from aserve.device.runner import ModelRunner
+from aserve.engine.commit import Committer
 from aserve.kv.pool import KVPool
 from aserve.models.config import ModelConfig
-from aserve.runner import ModelRunner
-from aserve.scheduler.commit import Committer
 from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
 

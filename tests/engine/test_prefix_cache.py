@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aserve
-from aserve.runner import ModelRunner
+from aserve.device.runner import ModelRunner
 
 PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny llama: layers * (K, V) * kv heads * head_dim * float32
 

@@ -30,9 +30,13 @@ from anyio.abc import TaskGroup
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from aserve.config import EngineConfig
-from aserve.decode_graphs import DecodeGraphs
+from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceError, LoopWaker
-from aserve.engine_setup import LoadedEngine, load_engine_parts
+from aserve.device.future_map import FutureMap
+from aserve.device.runner import ModelRunner, Step
+from aserve.engine.commit import Committer
+from aserve.engine.pipeline import PipelineSlots, Signal
+from aserve.engine.setup import LoadedEngine, load_engine_parts
 from aserve.errors import (
     ContextLengthError,
     EngineClosedError,
@@ -42,11 +46,7 @@ from aserve.errors import (
 )
 from aserve.logs import get_logger
 from aserve.outputs import CompletionOutput, CompletionResult, Delta, OutputCell, TokenLogprob, Usage
-from aserve.runner import ModelRunner, Step
 from aserve.sampling_params import SamplingParams
-from aserve.scheduler.commit import Committer
-from aserve.scheduler.future_map import FutureMap
-from aserve.scheduler.pipeline import PipelineSlots, Signal
 from aserve.scheduler.policy import Blocked, Plan, Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
 from aserve.stats import EngineStats, StepRecord, StepStats, TraceWriter

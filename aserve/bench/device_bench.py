@@ -1,7 +1,7 @@
 """Engine checks and timings on random weights in real model shapes (meant for the GPU machine).
 
-    python -m loadgen.device_bench --out results.json [--tiny] [--device cuda] [--only parity,bf16,w2]
-    python -m loadgen.device_bench --only copy,w1,floor,w3 --attention-backend triton   # issue 6
+    python -m aserve.bench.device_bench --out results.json [--tiny] [--device cuda] [--only parity,bf16,w2]
+    python -m aserve.bench.device_bench --only copy,w1,floor,w3 --attention-backend triton   # issue 6
 
 * copy/w1/floor/w3: see ``loadgen/gpu_workloads.py`` (W1 offline vs transformers
   ``generate_batch``, the decode-step floor, W3 through the HTTP server at three rates).
@@ -38,7 +38,7 @@ import anyio.lowlevel
 import torch
 
 import aserve
-from loadgen import gpu_workloads as gw
+from aserve.bench import gpu_workloads as gw
 
 SHAPES: dict[str, dict[str, Any]] = {
     "gemma3-270m": {

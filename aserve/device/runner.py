@@ -22,8 +22,9 @@ from typing import Any, NamedTuple
 import torch
 
 from aserve.attention.metadata import AttentionMetadata
-from aserve.decode_graphs import DecodeGraphs
+from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
+from aserve.device.future_map import FutureMap
 from aserve.device.staging import PinnedStaging
 from aserve.kv.pool import KVPool
 from aserve.sampling.sampler import (
@@ -34,7 +35,6 @@ from aserve.sampling.sampler import (
     make_sampling_batch,
     sample,
 )
-from aserve.scheduler.future_map import FutureMap
 from aserve.scheduler.policy import Plan
 from aserve.scheduler.req import Req
 

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from aserve.attention.metadata import AttentionMetadata
+from aserve.device.future_map import FutureMap
 from aserve.kv.pool import KVPool
-from aserve.scheduler.future_map import FutureMap
 
 
 @dataclass

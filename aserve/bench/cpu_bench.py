@@ -1,6 +1,6 @@
 """CPU benchmark of the default model: aserve (overlap on and off) beside transformers, same run.
 
-    python -m loadgen.cpu_bench --out docs/results/cpu.json
+    python -m aserve.bench.cpu_bench --out docs/results/cpu.json
 
 Measures single-stream decode tok/s and the aggregate output tok/s of 16 concurrent streams
 (greedy, ignore_eos, 64 new tokens each, the same prompts for both engines). transformers

@@ -1,6 +1,6 @@
 """Host-side costs that sit on the event loop every step, measured without a device.
 
-    python -m loadgen.host_bench --out host_bench.json
+    python -m aserve.bench.host_bench --out host_bench.json
 
 * ``schedule``: ``Scheduler.schedule()`` with 64 requests decoding (plain scheduler, no
   device, no prefix cache), median and p90 over 1000 steps, each step "committed" by
@@ -10,7 +10,7 @@
   per streaming request).
 
 These are the pieces of the per-step host budget that docs/benchmarks.md discusses; the
-GPU figures themselves come from ``loadgen.device_bench`` on the device machine.
+GPU figures themselves come from ``aserve.bench.device_bench`` on the device machine.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from loadgen.host_bench import bench_schedule
+from aserve.bench.host_bench import bench_schedule
 
 
 def test_schedule_bench_plans_the_whole_batch_each_step() -> None:

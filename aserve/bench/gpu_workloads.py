@@ -1,4 +1,4 @@
-"""Issue 6's workloads for ``loadgen.device_bench``: W1 offline vs transformers, W3 online
+"""Issue 6's workloads for ``aserve.bench.device_bench``: W1 offline vs transformers, W3 online
 through the HTTP server, the decode-step floor, and the copy bandwidth it is measured against.
 
 Every function takes sizes as arguments so a CPU smoke run (``--tiny``) exercises the same
