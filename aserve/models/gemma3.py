@@ -2,87 +2,47 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
-from aserve.attention.metadata import AttentionMetadata
+from aserve.models.causal_lm import CausalLM, CosSin, DecoderLayer
 from aserve.models.config import ModelConfig
-from aserve.models.layers import GatedMLP, KVCache, PagedSelfAttention, RMSNorm, Rotary, add_norm, run_decoder_layers
+from aserve.models.layers import RMSNorm, Rotary
 
 
-class Gemma3DecoderLayer(nn.Module):
+class Gemma3DecoderLayer(DecoderLayer):
+    """Gemma's block: per-head q/k norms, GELU (tanh), ``1 + w`` norms, and sandwich norms
+    (each sub-block's output is normalised before the residual add)."""
+
     def __init__(self, config: ModelConfig, layer: int) -> None:
-        super().__init__()
+        super().__init__(config, layer, act="gelu_tanh", qk_norm=True, gemma_norms=True)
         eps = config.rms_norm_eps
         self.sliding = config.layer_sliding_window(layer) is not None
-        self.self_attn = PagedSelfAttention(
-            config.hidden_size,
-            config.num_heads,
-            config.num_kv_heads,
-            config.head_dim,
-            bias=config.attention_bias,
-            qk_norm_eps=eps,
-            scale=config.attn_scale,
-            sliding_window=config.layer_sliding_window(layer),
-            softcap=config.attn_logit_softcapping,
-        )
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, "gelu_tanh")
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, gemma=True)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, gemma=True)
         self.pre_feedforward_layernorm = RMSNorm(config.hidden_size, eps, gemma=True)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps, gemma=True)
 
-    def forward(
-        self,
-        h: torch.Tensor,
-        x: torch.Tensor,
-        cos_sin: tuple[torch.Tensor, torch.Tensor],
-        meta: AttentionMetadata,
-        kv: tuple[torch.Tensor, torch.Tensor],
-        next_norm: RMSNorm,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # h: the residual stream [T, hidden]; x = input_layernorm(h). Gemma normalises both
-        # before and after each sub-block. Returns (h', next_norm(h')): the next layer's input.
-        a = self.self_attn(x, cos_sin, meta, kv)
-        h, x = add_norm(a, h, self.pre_feedforward_layernorm, x_norm=self.post_attention_layernorm)
-        return add_norm(self.mlp(x), h, next_norm, x_norm=self.post_feedforward_layernorm)
+    def norms(self) -> tuple[RMSNorm | None, RMSNorm, RMSNorm | None]:
+        return self.post_attention_layernorm, self.pre_feedforward_layernorm, self.post_feedforward_layernorm
 
 
-class Gemma3Model(nn.Module):
+class Gemma3ForCausalLM(CausalLM):
+    layer_cls = Gemma3DecoderLayer
+    gemma_norms = True
+
     def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(Gemma3DecoderLayer(config, i) for i in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, gemma=True)
-
-
-class Gemma3ForCausalLM(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        self.config = config
-        self.model = Gemma3Model(config)
-        self.lm_head: nn.Linear | None = None
-        if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        super().__init__(config)
         # Sliding layers use the local base frequency and never rope scaling.
         self.rope_local = Rotary(config.head_dim, config.rope_local_base_freq, None)
         self.rope_global = Rotary(config.head_dim, config.rope_theta, config.rope_scaling)
 
-    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
-        # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices
-        emb = self.model.embed_tokens
-        h = emb(input_ids)  # [T, hidden]
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        h = super().embed(input_ids)  # [T, hidden]
         # HF keeps the sqrt(hidden) normaliser as a float32 scalar cast to the weight dtype.
-        h = h * torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(h.dtype)
-        local = self.rope_local.cos_sin(meta.positions, h.dtype)
-        glob = self.rope_global.cos_sin(meta.positions, h.dtype)
-        x = run_decoder_layers(
-            self.model.layers, self.model.norm, h, lambda layer: local if layer.sliding else glob, meta, kv_cache
-        )
-        h = x[meta.logits_indices]  # [B, hidden], after the final norm
-        weight = self.lm_head.weight if self.lm_head is not None else emb.weight
-        logits = (h @ weight.t()).float()  # [B, vocab]
-        cap = self.config.final_logit_softcapping
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
-        return logits
+        return h * torch.tensor(self.config.hidden_size**0.5, dtype=torch.float32).to(h.dtype)
+
+    def layer_rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Callable[[nn.Module], CosSin]:
+        local = self.rope_local.cos_sin(positions, dtype)
+        glob = self.rope_global.cos_sin(positions, dtype)
+        return lambda layer: local if layer.sliding else glob

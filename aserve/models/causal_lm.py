@@ -1,0 +1,113 @@
+"""The decoder-only causal LM skeleton the model families share.
+
+``CausalLM`` holds the embedding, the decoder layers, the final norm and the LM head under
+Hugging Face's parameter names (``model.embed_tokens``, ``model.layers.{i}``, ``model.norm``,
+``lm_head``), so checkpoints map one to one; ``DecoderLayer`` is the residual block with
+attention and a gated MLP. A family subclasses both and states only what differs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from aserve.attention.metadata import AttentionMetadata
+from aserve.models.config import ModelConfig
+from aserve.models.layers import GatedMLP, KVCache, PagedSelfAttention, RMSNorm, add_norm, run_decoder_layers
+
+CosSin = tuple[torch.Tensor, torch.Tensor]
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: ``h += attn(x); x = mlp_norm(h); h += mlp(x)``; subclasses
+    may also normalise each block's output before the residual add (see ``norms``)."""
+
+    def __init__(self, config: ModelConfig, layer: int, *, act: str, qk_norm: bool, gemma_norms: bool) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.self_attn = PagedSelfAttention(
+            config.hidden_size,
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+            bias=config.attention_bias,
+            qk_norm_eps=eps if qk_norm else None,
+            scale=config.attn_scale,
+            sliding_window=config.layer_sliding_window(layer),
+            softcap=config.attn_logit_softcapping,
+        )
+        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size, act)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, gemma=gemma_norms)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, gemma=gemma_norms)
+
+    def norms(self) -> tuple[RMSNorm | None, RMSNorm, RMSNorm | None]:
+        """(attention output norm, MLP input norm, MLP output norm); None: no norm there."""
+        return None, self.post_attention_layernorm, None
+
+    def forward(
+        self,
+        h: torch.Tensor,
+        x: torch.Tensor,
+        cos_sin: CosSin,
+        meta: AttentionMetadata,
+        kv: tuple[torch.Tensor, torch.Tensor],
+        next_norm: RMSNorm,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # h: the residual stream [T, hidden]; x = input_layernorm(h).
+        # Returns (h', next_norm(h')): the next layer's input.
+        attn_out_norm, mlp_in_norm, mlp_out_norm = self.norms()
+        h, x = add_norm(self.self_attn(x, cos_sin, meta, kv), h, mlp_in_norm, x_norm=attn_out_norm)
+        return add_norm(self.mlp(x), h, next_norm, x_norm=mlp_out_norm)
+
+
+class DecoderModel(nn.Module):
+    """The ``model.`` part of a checkpoint: embedding, decoder layers, final norm."""
+
+    def __init__(
+        self, config: ModelConfig, layer_cls: Callable[[ModelConfig, int], DecoderLayer], gemma_norms: bool
+    ) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(layer_cls(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, gemma=gemma_norms)
+
+
+class CausalLM(nn.Module):
+    """Embedding -> decoder layers -> final norm -> logits at ``meta.logits_indices``.
+
+    Subclasses set ``layer_cls`` (its constructor takes ``(config, layer)``) and
+    ``gemma_norms`` (the final norm's form), and implement ``layer_rope``."""
+
+    layer_cls: Callable[[ModelConfig, int], DecoderLayer]
+    gemma_norms: bool = False
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, self.layer_cls, self.gemma_norms)
+        self.lm_head: nn.Linear | None = None
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids: [T] -> [T, hidden], the decoder stack's input."""
+        return self.model.embed_tokens(input_ids)
+
+    def layer_rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Callable[[nn.Module], CosSin]:
+        """The rotary (cos, sin) each decoder layer gets at ``positions`` [T]."""
+        raise NotImplementedError
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
+        # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices
+        h = self.embed(input_ids)  # [T, hidden]
+        rope = self.layer_rope(meta.positions, h.dtype)
+        x = run_decoder_layers(self.model.layers, self.model.norm, h, rope, meta, kv_cache)
+        h = x[meta.logits_indices]  # [B, hidden], after the final norm
+        weight = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
+        logits = (h @ weight.t()).float()  # [B, vocab]
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
