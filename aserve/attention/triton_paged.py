@@ -35,6 +35,30 @@ _MIN_SPLIT_LEN = 128  # keys; shorter splits cost more in the merge than they ga
 
 
 @triton.jit
+def _attend_block(
+    q, m_i, l_i, acc, offs, k_mask, allowed, K, V, Table, row, kvh, d,
+    stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, scale, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """One step of the online softmax (flash attention) shared by both kernels: the query rows
+    ``q`` [R, D] against the keys at positions ``offs`` [BLOCK_N] of table row ``row`` (KV head
+    ``kvh``; ``k_mask``: positions to read), scores outside ``allowed`` ([R or 1, BLOCK_N])
+    masked. Returns the running max ``m_i`` [R], sum ``l_i`` [R] and unnormalised output
+    ``acc`` [R, D], rescaled to the new max and with this block added."""
+    slots = tl.load(Table + row * stride_tr + offs, mask=k_mask, other=0).to(tl.int64)
+    k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=k_mask[:, None], other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [R, BLOCK_N]
+    s = tl.where(allowed, s, _NEG)
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    p = tl.exp(s - m_new[:, None])
+    p = tl.where(allowed, p, 0.0)  # a row with nothing allowed so far has m_new = _NEG: exp(0) there
+    alpha = tl.exp(m_i - m_new)
+    v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=k_mask[:, None], other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _decode_split_kernel(
     Q, K, V, Table, Rows, SeqLens, MidO, MidLse,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tr,
@@ -67,17 +91,10 @@ def _decode_split_kernel(
     for n in range(start, end, BLOCK_N):
         offs = n + tl.arange(0, BLOCK_N)
         k_mask = offs < end
-        slots = tl.load(Table + row * stride_tr + offs, mask=k_mask, other=0).to(tl.int64)
-        k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=k_mask[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [BLOCK_G, BLOCK_N]
-        s = tl.where(k_mask[None, :], s, _NEG)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=k_mask[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        m_i = m_new
+        m_i, l_i, acc = _attend_block(
+            q, m_i, l_i, acc, offs, k_mask, k_mask[None, :], K, V, Table, row, kvh, d,
+            stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, scale, PRECISION,
+        )  # fmt: skip
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, _NEG, m_i + tl.log(tl.where(empty, 1.0, l_i)))
@@ -138,21 +155,13 @@ def _extend_kernel(
         for n in range(kv_lo, kv_end, BLOCK_N):
             offs = n + tl.arange(0, BLOCK_N)
             k_mask = offs < kv_end
-            slots = tl.load(Table + row * stride_tr + offs, mask=k_mask, other=0).to(tl.int64)
-            k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=k_mask[:, None], other=0.0)
-            s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [BLOCK_M, BLOCK_N]
-            allowed = k_mask[None, :] & (offs[None, :] <= q_pos[:, None])
+            allowed = k_mask[None, :] & (offs[None, :] <= q_pos[:, None])  # [BLOCK_M, BLOCK_N]
             if HAS_WINDOW:
                 allowed = allowed & (offs[None, :] > q_pos[:, None] - window)
-            s = tl.where(allowed, s, _NEG)
-            m_new = tl.maximum(m_i, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            p = tl.where(allowed, p, 0.0)
-            alpha = tl.exp(m_i - m_new)
-            v = tl.load(V + slots[:, None] * stride_vs + kvh * stride_vh + d[None, :], mask=k_mask[:, None], other=0.0)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
-            l_i = l_i * alpha + tl.sum(p, 1)
-            m_i = m_new
+            m_i, l_i, acc = _attend_block(
+                q, m_i, l_i, acc, offs, k_mask, allowed, K, V, Table, row, kvh, d,
+                stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, scale, PRECISION,
+            )  # fmt: skip
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
         o_ptrs = Out + (q0 + m_offs)[:, None] * stride_ot + h * stride_oh + d[None, :]
         tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=m_mask[:, None])
