@@ -7,83 +7,13 @@ import dataclasses
 import json
 import logging
 import sys
-import types
 from collections.abc import Sequence
-from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import anyio
 
-from aserve.config import EngineConfig
+from aserve.config import add_engine_args, engine_config_from_args
 from aserve.errors import AserveError
 from aserve.logs import configure_logging
-
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineConfig field (``--max-running-requests 32``, ``--disable-overlap``)."""
-    hints = get_type_hints(EngineConfig)
-    group = parser.add_argument_group("engine options")
-    for f in dataclasses.fields(EngineConfig):
-        flag = "--" + f.name.replace("_", "-")
-        typ = hints[f.name]
-        if f.name == "overlap":
-            group.add_argument(
-                "--disable-overlap",
-                dest="overlap",
-                action="store_false",
-                help="run the scheduler serially (pipeline depth 1)",
-            )
-            continue
-        if f.name == "radix_cache":
-            group.add_argument(
-                "--disable-radix-cache",
-                dest="radix_cache",
-                action="store_false",
-                help="do not reuse the KV of shared prefixes",
-            )
-            continue
-        if f.name == "cuda_graph":  # --disable-cuda-graph, as in SGLang; --cuda-graph forces it on
-            group.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false", default=None,
-                               help="run decode steps eagerly (default: CUDA graphs on CUDA)")  # fmt: skip
-            group.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None)
-            continue
-        if typ is bool or _base_type(typ) is bool:  # bool | None: unset means "auto"
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)
-            continue
-        base = _base_type(typ)
-        default = f.default if f.default is not dataclasses.MISSING else None
-        kwargs: dict[str, Any] = {"dest": f.name, "default": default}
-        choices = _literal_choices(typ)
-        if choices:
-            kwargs["choices"] = choices
-        else:
-            kwargs["type"] = base
-        group.add_argument(flag, **kwargs)
-
-
-def _base_type(typ: Any) -> Any:
-    if get_origin(typ) in (Union, types.UnionType):
-        args = [a for a in get_args(typ) if a is not type(None)]
-        return _base_type(args[0])
-    if typ in (bool, int, float, str):
-        return typ
-    return str
-
-
-def _literal_choices(typ: Any) -> list[str] | None:
-    if get_origin(typ) in (Union, types.UnionType):
-        for a in get_args(typ):
-            c = _literal_choices(a)
-            if c:
-                return c
-        return None
-    if str(get_origin(typ)).endswith("Literal"):
-        return [str(a) for a in get_args(typ)]
-    return None
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig) if hasattr(args, f.name)}
-    return EngineConfig(**values)
 
 
 async def _generate(args: argparse.Namespace) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import anyio
 
-from aserve.config import EngineConfig
+from aserve.config import EngineConfig, engine_config_from_args
 from aserve.engine import Engine
 from aserve.sampling_params import SamplingParams
 
@@ -88,8 +88,6 @@ def first_difference(a: list[ItemResult], b: list[ItemResult]) -> str | None:
 
 
 async def run_verify(args: argparse.Namespace) -> int:
-    from aserve.cli import engine_config_from_args
-
     base = engine_config_from_args(args)
     outcomes = {}
     for overlap in (False, True):

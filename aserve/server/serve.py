@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from aserve.config import EngineConfig
+from aserve.config import EngineConfig, add_engine_args, engine_config_from_args
 from aserve.logs import configure_logging, get_logger
 
 log = get_logger("aserve.server")
@@ -27,8 +27,6 @@ API_KEY_ENV = "ASERVE_API_KEY"
 
 def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to an ``add_subparsers()`` object; the handler is ``args.handler``."""
-    from aserve.cli import add_engine_args
-
     p: argparse.ArgumentParser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
@@ -48,8 +46,6 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Handler of ``aserve serve``: blocks until shut down; 0 after a clean drain."""
-    from aserve.cli import engine_config_from_args
-
     config = engine_config_from_args(args)
     # An empty key would accept an empty token, so treat it as "no key given".
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
