@@ -76,10 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     info = sub.add_parser("info", help="print model, device, dtype and KV capacity")
     add_engine_args(info)
 
+    from aserve.verify import add_verify_args
+
     verify = sub.add_parser("verify", help="run a seeded workload serially and with overlap and compare")
-    verify.add_argument("--num-requests", type=int, default=24)
-    verify.add_argument("--workload-seed", type=int, default=0)
-    add_engine_args(verify)
+    add_verify_args(verify)
 
     from aserve.server.serve import add_serve_subcommand
 

@@ -8,15 +8,29 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import random
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 
-from aserve.config import EngineConfig, engine_config_from_args
-from aserve.engine import Engine
+from aserve.config import EngineConfig, add_engine_args, engine_config_from_args
+from aserve.errors import AserveError
+from aserve.logs import configure_logging
 from aserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from aserve.engine import Engine
+
+
+def add_verify_args(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``aserve verify``: the workload's size and seed, and every engine flag."""
+    parser.add_argument("--num-requests", type=int, default=24)
+    parser.add_argument("--workload-seed", type=int, default=0)
+    add_engine_args(parser)
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,8 @@ def first_difference(a: list[ItemResult], b: list[ItemResult]) -> str | None:
 
 
 async def run_verify(args: argparse.Namespace) -> int:
+    from aserve.engine import Engine  # here, not at the top: `aserve --help` adds these flags
+
     base = engine_config_from_args(args)
     outcomes = {}
     for overlap in (False, True):
@@ -113,10 +129,19 @@ async def run_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> None:  # pragma: no cover - convenience
-    from aserve.cli import main as cli_main
+def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - convenience
+    """``aserve verify`` as a function of its own."""
+    parser = argparse.ArgumentParser(prog="aserve verify", description=__doc__)
+    add_verify_args(parser)
+    args = parser.parse_args(argv)
+    configure_logging(args.log_format, logging.WARNING)
+    try:
+        sys.exit(anyio.run(run_verify, args))
+    except AserveError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
-    sys.exit(cli_main(["verify", *sys.argv[1:]]))
 
-
-__all__ = ["EngineConfig", "WorkItem", "make_workload", "run_verify", "run_workload"]
+__all__ = ["EngineConfig", "WorkItem", "add_verify_args", "make_workload", "run_verify", "run_workload"]
