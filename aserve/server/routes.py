@@ -18,7 +18,6 @@ from aserve.engine import Engine
 from aserve.errors import ContextLengthError, InvalidRequestError
 from aserve.outputs import Delta, Usage
 from aserve.sampling_params import SamplingParams
-from aserve.server.app import ServerState
 from aserve.server.errors import APIError
 from aserve.server.openapi import openapi_document
 from aserve.server.protocol import (
@@ -34,6 +33,7 @@ from aserve.server.protocol import (
 )
 from aserve.server.render import chat_logprobs, chat_response, completion_logprobs, completion_response, usage_info
 from aserve.server.sse import SSEResponse, stream_events
+from aserve.server.state import ServerState
 from aserve.tokenizer.chat import apply_chat_template
 from aserve.tokenizer.tokenizer import Tokenizer
 

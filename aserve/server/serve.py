@@ -75,7 +75,8 @@ async def serve(
     from hypercorn.asyncio import serve as hypercorn_serve
     from hypercorn.config import Config
 
-    from aserve.server.app import ServerState, create_app
+    from aserve.server.app import create_app
+    from aserve.server.state import ServerState
 
     app = create_app(config, api_key=api_key, served_model_name=served_model_name, max_body_bytes=max_body_bytes)
     hc = Config()

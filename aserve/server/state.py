@@ -1,0 +1,101 @@
+"""What one running app holds: its settings, the engine, readiness, admission and the drain.
+
+Built by the app's lifespan (``app.py``) and reached by the routes as ``request.state.server``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import anyio
+
+from aserve.config import EngineConfig
+from aserve.engine import Engine
+from aserve.logs import get_logger
+from aserve.server.errors import RETRY_AFTER_S, APIError
+from aserve.server.metrics import ServerMetrics
+from aserve.stats import EngineStats
+
+log = get_logger("aserve.server")
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    config: EngineConfig
+    api_key: str | None
+    served_model_name: str
+    max_body_bytes: int
+
+
+class ServerState:
+    """Everything one running app holds; built by the lifespan, reached via ``request.state.server``."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.engine: Engine | None = None
+        self.ready = False
+        self.draining = False
+        self.active = 0  # admitted requests whose response has not finished
+        self.load_error: BaseException | None = None
+        self.stop = anyio.Event()  # tells the engine task to close the engine
+        self.stopped = anyio.Event()  # the engine task has ended (closed, or failed to load)
+        self._idle = anyio.Event()  # replaced each time someone waits for active to reach 0
+        self.metrics = ServerMetrics(self._stats)
+
+    def _stats(self) -> EngineStats | None:
+        return self.engine.stats() if self.engine is not None else None
+
+    def model_names(self) -> set[str]:
+        return {self.settings.served_model_name, self.settings.config.model}
+
+    def admit(self) -> Engine:
+        """The engine for a new request, or a 503 telling the client to come back."""
+        retry = {"Retry-After": RETRY_AFTER_S}
+        if self.draining:
+            raise APIError(503, "the server is shutting down", "engine_closed", headers=retry)
+        if not self.ready or self.engine is None:
+            raise APIError(503, "the model is still loading; retry shortly", "engine_loading", headers=retry)
+        self.active += 1
+        return self.engine
+
+    def release(self) -> None:
+        self.active -= 1
+        if self.active == 0:
+            self._idle.set()
+
+    async def _wait_idle(self) -> None:
+        while self.active:
+            self._idle = anyio.Event()
+            await self._idle.wait()
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop admitting, give running requests ``grace_s`` seconds, then end the rest."""
+        self.draining = True
+        log.info("draining", active=self.active, grace_s=grace_s)
+        with anyio.move_on_after(grace_s):
+            await self._wait_idle()
+        if self.active:
+            log.warning("shutdown_timeout", aborting=self.active)
+        # Closing the engine finishes every unfinished request with "abort"; their streams
+        # then end with an error event. It must happen in the task that opened the engine.
+        self.stop.set()
+        with anyio.move_on_after(10):
+            await self.stopped.wait()
+            await self._wait_idle()
+
+    async def run_engine(self) -> None:
+        try:
+            async with Engine(self.settings.config) as engine:
+                self.engine = engine
+                self.ready = True
+                log.info("server_ready", model=self.settings.served_model_name, max_context=engine.max_context)
+                await self.stop.wait()
+                self.ready = False
+        except Exception as exc:
+            # Kept, not raised: raising here would tear down the lifespan with a traceback
+            # where `aserve serve` wants to print one line and exit non-zero.
+            self.load_error = exc
+            log.error("engine_failed", error=str(exc))
+        finally:
+            self.ready = False
+            self.stopped.set()
