@@ -1,8 +1,36 @@
-"""The OpenAI-compatible HTTP server (Starlette app served by Hypercorn)."""
+"""The OpenAI-compatible HTTP server (Starlette app served by Hypercorn).
+
+The names below load on first use (PEP 562): ``aserve --help`` adds the ``serve`` flags from
+``aserve.server.serve`` without loading the app, its routes or the engine.
+"""
 
 from __future__ import annotations
 
-from aserve.server.app import create_app
-from aserve.server.serve import add_serve_subcommand, run_serve, serve
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aserve.server.app import create_app
+    from aserve.server.serve import add_serve_subcommand, run_serve, serve
+
+_HOME = {
+    "create_app": "aserve.server.app",
+    "add_serve_subcommand": "aserve.server.serve",
+    "run_serve": "aserve.server.serve",
+    "serve": "aserve.server.serve",
+}
 
 __all__ = ["add_serve_subcommand", "create_app", "run_serve", "serve"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'aserve.server' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # once loaded, a plain attribute
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_HOME])
