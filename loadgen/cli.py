@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -18,19 +17,8 @@ from rich.console import Console
 from loadgen import plots, report
 from loadgen.metrics import SLO
 from loadgen.runner import LoadSpec
-from loadgen.session import TargetSpec, WorkloadSpec, build_workload, open_target, run_once, save_run
-
-
-def parse_kv(pairs: Sequence[str] | None) -> dict[str, Any]:
-    """``key=value`` options; values read as JSON when they parse (``2``, ``false``), else text."""
-    out: dict[str, Any] = {}
-    for pair in pairs or ():
-        key, _, raw = pair.partition("=")
-        try:
-            out[key.strip().replace("-", "_")] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip().replace("-", "_")] = raw
-    return out
+from loadgen.session import build_workload, open_target, run_once, save_run
+from loadgen.specs import load_spec, target_spec, workload_spec
 
 
 def add_target_args(p: argparse.ArgumentParser) -> None:
@@ -84,36 +72,6 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--label", default="run")
     g.add_argument("--no-plots", dest="plots", action="store_false")
     g.add_argument("--no-progress", dest="progress", action="store_false")
-
-
-def target_spec(a: argparse.Namespace, *, require_target: bool = True) -> TargetSpec:
-    if require_target and not a.engine and not a.base_url:
-        raise SystemExit("give --base-url URL or --engine")
-    return TargetSpec(
-        base_url=None if a.engine else a.base_url,
-        model=a.model,
-        endpoint=a.endpoint,
-        api_key=a.api_key,
-        tokenizer=a.tokenizer,
-        engine_options=parse_kv(a.engine_opt),
-        ignore_eos=a.ignore_eos,
-        request_timeout=a.request_timeout,
-        ready_timeout=a.ready_timeout,
-    )
-
-
-def workload_spec(a: argparse.Namespace) -> WorkloadSpec:
-    return WorkloadSpec(
-        a.workload, a.num_requests, a.input_len, a.output_len, a.range_ratio, a.groups, a.per_group,
-        a.system_len, a.question_len, a.dataset, a.seed,
-    )  # fmt: skip
-
-
-def load_spec(a: argparse.Namespace) -> LoadSpec:
-    return LoadSpec(
-        rate=a.rate, process=a.arrival, burstiness=a.burstiness, max_concurrency=a.max_concurrency, users=a.users,
-        think_time=a.think_time, duration=a.duration, warmup=a.warmup, seed=a.seed, run_timeout=a.run_timeout,
-    )  # fmt: skip
 
 
 async def cmd_run(a: argparse.Namespace) -> int:

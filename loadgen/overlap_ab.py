@@ -24,6 +24,7 @@ from loadgen.compare import compare_groups, print_comparison
 from loadgen.launcher import aserve_server
 from loadgen.metrics import SLO
 from loadgen.session import TargetSpec, build_workload, open_target, run_once, save_run
+from loadgen.specs import load_spec, target_spec, workload_spec
 
 SERVER_KEYS = ("device_busy_s", "device_gap_s", "device_gap_fraction", "mean_gap_per_step_ms", "engine_steps",
                "host_plan_s", "host_launch_s", "host_commit_s")  # fmt: skip
@@ -45,8 +46,6 @@ async def _mode_target(
 
 
 async def cmd_overlap_ab(a: argparse.Namespace) -> int:
-    from loadgen.cli import load_spec, target_spec, workload_spec
-
     base = target_spec(a, require_target=False)
     wspec, load, slo = workload_spec(a), load_spec(a), SLO.parse(a.slo)
     out_dir = Path(a.out)
