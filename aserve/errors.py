@@ -29,6 +29,13 @@ class ContextLengthError(InvalidRequestError):
     """The prompt (plus requested output) does not fit the model's context."""
 
 
+class KVCapacityError(ContextLengthError):
+    """The request's context outgrew a KV pool that cannot hold it even alone (it made no
+    further progress); it ends with this error instead of a truncated "length" finish."""
+
+    error_type = "kv_capacity_exceeded"
+
+
 class ModelNotFoundError(AserveError, FileNotFoundError):
     """A model name or path resolves to nothing loadable."""
 

@@ -8,7 +8,14 @@ from dataclasses import dataclass, field, replace
 
 from aserve.errors import InvalidRequestError
 
+# Temperatures below this are greedy (vLLM's cut-off); dividing by them would only overflow.
+GREEDY_TEMPERATURE = 1e-5
 _MAX_LOGPROBS = 20
+
+
+def penalised(repetition: float, frequency: float, presence: float) -> bool:
+    """Whether these penalties make sampling read the tokens generated so far (and the prompt)."""
+    return repetition != 1.0 or frequency != 0.0 or presence != 0.0
 _MAX_LOGIT_BIAS = 1024  # entries per request
 
 
@@ -66,6 +73,22 @@ class SamplingParams:
             ) from exc
         object.__setattr__(self, "logit_bias", pairs)
         self.validate()
+
+    @property
+    def has_penalty(self) -> bool:
+        """Whether sampling reads the tokens generated so far (and the prompt): such a request's
+        next step needs its last token committed (a look-ahead of one)."""
+        return penalised(self.repetition_penalty, self.frequency_penalty, self.presence_penalty)
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Whether the token is the plain argmax: greedy, no penalty, no bias, no logprobs."""
+        return (
+            self.temperature < GREEDY_TEMPERATURE
+            and self.logprobs is None
+            and not self.has_penalty
+            and not self.logit_bias
+        )
 
     def validate(self) -> None:
         def bad(param: str, msg: str) -> InvalidRequestError:

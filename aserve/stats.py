@@ -103,7 +103,8 @@ class StepStats:
 
 
 class TraceWriter:
-    """Chrome trace-event JSON (opens in Perfetto): host phases, device spans, request states."""
+    """Chrome trace-event JSON (opens in Perfetto): host phases, device spans, each step's
+    token states (planned, in-flight, materialized, committed) and request states."""
 
     HOST, DEVICE, REQUESTS = 1, 2, 3
 
@@ -130,6 +131,13 @@ class TraceWriter:
                 "args": args,
             }
         )
+
+    def state_span(self, state: str, step: int, start: float, end: float, **args: Any) -> None:
+        """One token state of one step, as an async slice: the states of consecutive steps
+        overlap (that is the overlap), so each gets its own row in Perfetto."""
+        common = {"cat": "token states", "name": state, "pid": 1, "id": step, "args": args}
+        self.events.append({"ph": "b", "ts": self._us(start), **common})
+        self.events.append({"ph": "e", "ts": self._us(max(start, end)), **common})
 
     def request_state(self, rid: str, state: str, t: float) -> None:
         self.events.append(

@@ -47,20 +47,70 @@ class LoopWaker:
             self._call(fn)
 
 
+class HostMark:
+    """A state reached on the host (a step planned, launched, committed): resolved exactly
+    once, awaitable by any coroutine. ``host_time`` is when it was reached.
+
+    The waiters' event is made only when someone waits, so an unwatched mark costs a few
+    attribute writes per step. ``cancel`` (engine shutdown) resolves it with an error that
+    every waiter, present or later, receives."""
+
+    __slots__ = ("_error", "_event", "done_flag", "host_time", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.done_flag = False
+        self.host_time = 0.0
+        self._event: anyio.Event | None = None
+        self._error: BaseException | None = None
+
+    def done(self) -> bool:
+        return self.done_flag
+
+    def set(self, host_time: float) -> None:
+        assert not self.done_flag, f"{self.name} resolved twice"
+        self.done_flag = True
+        self.host_time = host_time
+        if self._event is not None:
+            self._event.set()
+
+    def cancel(self, error: BaseException) -> None:
+        """Resolve with ``error`` unless already resolved (shutdown: it will never be reached)."""
+        if self.done_flag:
+            return
+        self._error = error
+        self.done_flag = True
+        if self._event is not None:
+            self._event.set()
+
+    async def wait(self) -> None:
+        """Suspend until the state is reached; raises the shutdown error if it never will be.
+        Cancellation only stops the wait."""
+        if not self.done_flag:
+            if self._event is None:
+                self._event = anyio.Event()
+            await self._event.wait()
+        if self._error is not None:
+            raise self._error
+
+
 class DeviceEvent:
     """A point in a device stream; ``await wait()`` returns once the device passed it.
 
     ``host_time`` is the host clock (``time.perf_counter``) when the point was passed on
-    the CPU backend; on CUDA timing comes from ``cuda_event`` instead.
+    the CPU backend (on CUDA, when a waiter or a poll saw it); device timing on CUDA comes
+    from ``cuda_event``. ``cancel`` (engine shutdown) resolves a point the device will never
+    report with an error for its waiters.
     """
 
-    __slots__ = ("_done", "_error", "_flag", "cuda_event", "host_time", "name", "poll_s")
+    __slots__ = ("_cancelled", "_done", "_error", "_flag", "cuda_event", "host_time", "name", "poll_s")
 
     def __init__(self, name: str, cuda_event: torch.cuda.Event | None = None, poll_s: float | None = None) -> None:
         self.name = name
         self._flag = anyio.Event()
         self._done = False
         self._error: BaseException | None = None
+        self._cancelled = False
         self.cuda_event = cuda_event
         self.host_time = 0.0
         # Polling mode (CUDA): ``wait`` asks the event with ``query()`` and sleeps ``poll_s``
@@ -75,7 +125,18 @@ class DeviceEvent:
 
     def _complete(self, error: BaseException | None = None) -> None:
         # Runs on the event loop thread.
+        if self._done:
+            return  # cancelled at shutdown before the device reported it
         self._error = error
+        self._done = True
+        self._flag.set()
+
+    def cancel(self, error: BaseException) -> None:
+        """Shutdown: waiters get ``error`` unless the device already passed this point."""
+        if self.done():
+            return
+        self._error = error
+        self._cancelled = True
         self._done = True
         self._flag.set()
 
@@ -84,10 +145,11 @@ class DeviceEvent:
         if self.poll_s is not None:
             while not self.done():  # noqa: ASYNC110 - polling is the measured choice on CUDA
                 await anyio.sleep(self.poll_s)
-            return
-        if not self._done:
+        elif not self._done:
             await self._flag.wait()
         if self._error is not None:
+            if self._cancelled:
+                raise self._error
             raise DeviceError(f"device work before event {self.name!r} failed") from self._error
 
 
@@ -169,20 +231,18 @@ class CudaEventWaiter:
         self._thread.join(timeout=30)
 
 
-def cuda_record(
-    stream: Any, waiter: CudaEventWaiter | None, name: str, *, watch: bool = True, poll_s: float = 50e-6
-) -> DeviceEvent:
-    """Record a timing CUDA event on ``stream``.
+def cuda_record(stream: Any, waiter: CudaEventWaiter | None, name: str, *, poll_s: float = 50e-6) -> DeviceEvent:
+    """Record a timing CUDA event on ``stream``; ``await event.wait()`` works either way.
 
-    When ``watch``: with a ``waiter`` the loop is woken by the waiter thread on completion;
-    without one, ``wait()`` polls the event every ``poll_s`` seconds (the default: measured
-    lower latency and far lower CPU cost on the H200 machine, see docs/architecture.md).
+    With a ``waiter`` the loop is woken by the waiter thread on completion; without one,
+    ``wait()`` polls the event every ``poll_s`` seconds (the default: measured lower latency
+    and far lower CPU cost on the H200 machine, see docs/architecture.md). Polling costs
+    nothing until somebody waits, so events only some coroutines watch take no waiter.
     """
     cuda_event = torch.cuda.Event(enable_timing=True)
     cuda_event.record(stream)
-    if watch and waiter is None:
+    if waiter is None:
         return DeviceEvent(name, cuda_event, poll_s=poll_s)
     event = DeviceEvent(name, cuda_event)
-    if watch and waiter is not None:
-        waiter.watch(event)
+    waiter.watch(event)
     return event

@@ -33,7 +33,6 @@ class Committer:
         self.on_finish = on_finish
         # Text-side state for requests with stop strings (others detokenize on the consumer side).
         self._stop_detok: dict[int, IncrementalDetokenizer] = {}
-        self.num_dropped_overshoot = 0
         self.output_tokens = 0
 
     def commit(self, step: Step) -> None:
@@ -46,32 +45,31 @@ class Committer:
             if not entry.is_decode and not req.finished:
                 # A prefill chunk's KV is written now: publish it for other requests.
                 self.scheduler.prefix.publish(req, entry.kv_end)
-            if entry.samples:
-                if req.finished:
-                    self.num_dropped_overshoot += 1
-                else:
-                    assert req.generation == entry.generation, (
-                        f"{req.rid}: row generation {req.generation} != launched {entry.generation}"
-                    )
-                    logprob = None
-                    if req.params.logprobs is not None and outs.logprobs is not None:
-                        top: tuple[tuple[int, float], ...] = ()
-                        if outs.top_ids is not None and outs.top_logprobs is not None:
-                            k = req.params.logprobs
-                            top = tuple(zip(outs.top_ids[i][:k], outs.top_logprobs[i][:k]))
-                        logprob = TokenLogprob(outs.token_ids[i], outs.logprobs[i], top)
-                    self._append(req, outs.token_ids[i], logprob, now)
+            if entry.samples and not req.finished:  # a finished request's token is overshoot: dropped
+                assert req.generation == entry.generation, (
+                    f"{req.rid}: row generation {req.generation} != launched {entry.generation}"
+                )
+                logprob = None
+                if req.params.logprobs is not None and outs.logprobs is not None:
+                    top: tuple[tuple[int, float], ...] = ()
+                    if outs.top_ids is not None and outs.top_logprobs is not None:
+                        k = req.params.logprobs
+                        top = tuple(zip(outs.top_ids[i][:k], outs.top_logprobs[i][:k]))
+                    logprob = TokenLogprob(outs.token_ids[i], outs.logprobs[i], top)
+                self._append(req, outs.token_ids[i], logprob, now)
             if req.finished:
                 self.scheduler.release_if_done(req)
 
     def _append(self, req: Req, token: int, logprob: TokenLogprob | None, now: float) -> None:
+        cell = req.cell
+        assert cell is not None, f"{req.rid} was admitted without an output cell"
         req.output_ids.append(token)
         self.output_tokens += 1
         if logprob is not None:
             req.output_logprobs.append(logprob)
         if req.first_token_time is None:
             req.first_token_time = now
-        req.cell.push(token, logprob)
+        cell.push(token, logprob)
         # Under min_tokens nothing stops the request early (the sampler banned its stop ids;
         # stop strings are not looked for in text that ends before min_tokens).
         may_stop = len(req.output_ids) >= req.params.min_tokens
@@ -80,7 +78,7 @@ class Committer:
             self.finish(req, "stop", stop_reason)
         elif req.params.stop and self._hit_stop_string(req, token, may_stop):
             pass  # finished inside
-        elif len(req.output_ids) >= req.max_new_tokens:
+        elif req.length_reached(len(req.output_ids)):
             self.finish(req, "length")
 
     def _hit_stop_string(self, req: Req, token: int, may_stop: bool = True) -> bool:
@@ -103,15 +101,23 @@ class Committer:
         if best is None:
             return False
         at, s = best
+        assert req.cell is not None
         req.cell.text_limit = at + len(s) if req.params.include_stop_str_in_output else at
         self.finish(req, "stop", s)
         return True
+
+    def fail(self, req: Req, error: BaseException) -> None:
+        """End ``req`` with ``error`` for its consumer (it cannot make progress)."""
+        self.finish(req, "abort")
+        if req.cell is not None:
+            req.cell.fail(error)
 
     def finish(self, req: Req, reason: str, stop_reason: str | int | None = None) -> None:
         assert reason in ("stop", "length", "abort")
         req.finish_reason = reason  # type: ignore[assignment]
         req.stop_reason = stop_reason
         req.finish_time = time.perf_counter()
-        req.cell.finish(req.finish_reason, stop_reason)  # type: ignore[arg-type]
+        if req.cell is not None:
+            req.cell.finish(req.finish_reason, stop_reason)  # type: ignore[arg-type]
         self._stop_detok.pop(id(req), None)
         self.on_finish(req)

@@ -1,50 +1,19 @@
-"""Pipeline slots: the one number that separates overlap (depth 2) from serial (depth 1)."""
+"""Pipeline slots: the one number that separates serial (depth 1) from overlap (depth 2, or 3)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-import anyio
-
-
-class Signal:
-    """A reusable broadcast wake-up: ``set()`` wakes everyone waiting at that moment.
-
-    Waiters re-check their condition after waking; a waiter that checked and then called
-    ``wait()`` without an await in between cannot miss a ``set()`` (one thread, cooperative).
-    """
-
-    __slots__ = ("_event", "_waiters")
-
-    def __init__(self) -> None:
-        self._event = anyio.Event()
-        self._waiters = 0
-
-    def set(self) -> None:
-        if not self._waiters:  # nobody to wake: skip making a new event (the hot path)
-            return
-        event, self._event = self._event, anyio.Event()
-        event.set()
-
-    async def wait(self) -> None:
-        self._waiters += 1
-        try:
-            await self._event.wait()
-        finally:
-            self._waiters -= 1
-
-
-class SlotStats(NamedTuple):
-    depth: int
-    in_use: int
+from aserve.sync import Signal
 
 
 class PipelineSlots:
     """At most ``depth`` steps are planned-or-in-flight and not yet committed.
 
-    The planner takes a slot before planning and the committer returns it after committing,
-    so with depth 2 the device runs step n while the host commits n-1 and plans n+1; with
-    depth 1 each step is committed before the next is planned.
+    The planner takes a slot before planning and the committer returns it after committing.
+    Depth 1: each step is committed before the next is planned (serial). Depth 2: the device
+    runs step n while the host commits n-1 and plans n+1 (SGLang's overlap). Depth 3: the host
+    may queue two steps ahead of the device, so one slow host step does not idle it (the
+    default with CUDA graphs). A request whose next input reads committed state (penalties)
+    keeps a look-ahead of one whatever the depth (``Scheduler.schedule``).
     """
 
     def __init__(self, depth: int) -> None:
@@ -68,6 +37,3 @@ class PipelineSlots:
         """Wait until at most ``in_use`` slots are held (``0``: the pipeline is drained)."""
         while self.in_use > in_use:
             await self._changed.wait()
-
-    def statistics(self) -> SlotStats:
-        return SlotStats(self.depth, self.in_use)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from aserve.config import EngineConfig
+from aserve.device.events import CpuStream
 from aserve.errors import InvalidRequestError, ModelLoadError
 from aserve.kv.pool import KVPool, bytes_per_token
 from aserve.models.config import ModelConfig
@@ -115,3 +116,25 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
         eos_token_ids=eos,
         load_s=time.perf_counter() - t0,
     )
+
+
+async def load_on_stream(stream: CpuStream, cfg: EngineConfig) -> LoadedEngine:
+    """``load_engine_parts`` on the CPU stream's worker thread, awaited on the loop."""
+    box: dict[str, Any] = {}
+
+    def load() -> None:
+        try:
+            box["parts"] = load_engine_parts(cfg)
+        except BaseException as exc:  # re-raised on the loop, with its own type
+            box["error"] = exc
+
+    stream.submit(load)
+    try:
+        await stream.record("engine.loaded").wait()
+    except BaseException:
+        stream.close()
+        raise
+    if "error" in box:
+        stream.close()
+        raise box["error"]
+    return box["parts"]  # type: ignore[no-any-return]

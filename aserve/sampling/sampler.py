@@ -52,6 +52,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from aserve.sampling_params import GREEDY_TEMPERATURE, penalised
+
 __all__ = [
     "SampleOutput",
     "SamplingBatch",
@@ -62,9 +64,7 @@ __all__ = [
     "uniform_noise",
 ]
 
-# Temperatures below this are treated as greedy (same cut-off vLLM uses); dividing by them
-# would only overflow the logits.
-_GREEDY_EPS = 1e-5
+_GREEDY_EPS = GREEDY_TEMPERATURE
 
 _MASK32 = 0xFFFFFFFF
 # Odd multipliers below 2**31: (x < 2**32) * m < 2**63, so int64 products never overflow.
@@ -128,6 +128,14 @@ class SamplingBatch:
     # Largest top-k of any row (host value): lets a top-k-only batch use ``torch.topk``
     # instead of a full-vocab sort. 0 = unknown, which falls back to the sorting path.
     max_top_k: int = 0
+
+    def tensors(self) -> dict[str, Tensor]:
+        """The tensor fields by name (what an upload to the device moves)."""
+        return {f.name: v for f in dataclasses.fields(self) if isinstance(v := getattr(self, f.name), Tensor)}
+
+    def replace_tensors(self, tensors: dict[str, Tensor]) -> SamplingBatch:
+        """The same batch with these tensor fields swapped (their device copies)."""
+        return dataclasses.replace(self, **tensors)  # type: ignore[arg-type]
 
 
 @dataclass
@@ -455,16 +463,6 @@ def _pad(rows: Sequence[Sequence[int]], device: torch.device | str) -> Tensor:
     return torch.tensor(padded, dtype=torch.int64, device=device)
 
 
-def has_penalty(p: SamplingParamsLike) -> bool:
-    """Whether the row's sampling reads the tokens generated so far (and the prompt)."""
-    return p.repetition_penalty != 1.0 or p.frequency_penalty != 0.0 or p.presence_penalty != 0.0
-
-
-def is_plain_greedy(p: SamplingParamsLike) -> bool:
-    """Whether the row's token is the plain argmax: greedy, no penalty, no bias, no logprobs."""
-    return p.temperature < _GREEDY_EPS and p.logprobs is None and not has_penalty(p) and not p.logit_bias
-
-
 def make_sampling_batch(
     params_list: Sequence[SamplingParamsLike],
     seeds: Sequence[int],
@@ -493,7 +491,7 @@ def make_sampling_batch(
     sampled_rows = [i for i in range(n) if not greedy[i]]
 
     any_rep = any(r != 1.0 for r in reps)
-    any_penalty = any(has_penalty(p) for p in params_list)
+    any_penalty = any(map(penalised, reps, freqs, press))
     requested = [p.logprobs for p in params_list if p.logprobs is not None]
     bias_rows: list[int] = []
     bias_ids: list[int] = []

@@ -11,11 +11,14 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
 
-from aserve.kv.pool import KVPool
-from aserve.sampling.sampler import has_penalty
+from aserve.kv.allocator import KVAllocator
 from aserve.scheduler.prefix import PrefixCache
 from aserve.scheduler.req import Req
+
+if TYPE_CHECKING:
+    from aserve.config import EngineConfig
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,18 @@ class SchedulerConfig:
     lpm_max_skips: int = 8
     # Outputs a request may have launched but not committed (pipeline depth - 1).
     max_lookahead: int = 1
+
+    @classmethod
+    def from_engine(cls, cfg: EngineConfig) -> SchedulerConfig:
+        return cls(
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            max_running_requests=cfg.max_running_requests,
+            max_waiting_requests=cfg.max_waiting_requests,
+            radix_cache=cfg.radix_cache,
+            debug=cfg.debug,
+            schedule_policy=cfg.schedule_policy,
+            max_lookahead=cfg.pipeline_depth - 1,
+        )
 
 
 @dataclass
@@ -71,14 +86,14 @@ class Blocked(Enum):
 
 
 class Scheduler:
-    def __init__(self, pool: KVPool, config: SchedulerConfig) -> None:
+    def __init__(self, pool: KVAllocator, config: SchedulerConfig) -> None:
         self.pool = pool
         self.config = config
         self.waiting: deque[Req] = deque()
         self.running: list[Req] = []
         self._admitted = 0
         self.num_retractions = 0
-        # Requests that cannot fit the pool even alone; the engine ends them ("length").
+        # Requests that cannot fit the pool even alone; the engine ends them with KVCapacityError.
         self.stuck: list[Req] = []
         self.prefix = PrefixCache(pool, config.radix_cache, config.debug)
         self.prefill_tokens_computed = 0
@@ -141,10 +156,10 @@ class Scheduler:
             if r.prefill_done
             and not r.finished
             and not r.abort_requested
-            and r.num_launched_outputs < r.max_new_tokens  # ends by length: leave it out now
+            and not r.length_reached(r.num_launched_outputs)  # ends by length: leave it out now
             # Penalties read the outputs so far; the launch path stands in for one uncommitted
             # output (the FutureMap's), not two: such requests wait for a commit at depth 3.
-            and (r.lookahead <= 1 or not has_penalty(r.params))
+            and (r.lookahead <= 1 or not r.params.has_penalty)
         ]
         decodes = decodes[:budget]
         if not self._room_for(self._decode_pages(decodes)):  # cached, unused prefixes go before anyone is retracted
@@ -195,7 +210,7 @@ class Scheduler:
         Returns True when it changed something worth planning again for.
         """
         live = [r for r in self.running if not r.resources_freed and not r.finished and not r.abort_requested]
-        blocked = [r for r in live if r.num_launched_outputs < r.max_new_tokens]
+        blocked = [r for r in live if not r.length_reached(r.num_launched_outputs)]
         if not blocked:
             return False
         if len(live) > 1:
@@ -231,7 +246,7 @@ class Scheduler:
                 r.lpm_skips += 1
 
     def _plan_decode(self, r: Req) -> SeqPlan:
-        # The hot path of every step (once per running request): KVPool.grow inlined for
+        # The hot path of every step (once per running request): KVAllocator.grow inlined for
         # one token, positional SeqPlan arguments.
         row = r.row
         assert row is not None

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from aserve.kv.pool import KVPool
+from aserve.kv.allocator import KVAllocator
 from aserve.kv.radix import RadixCache
 from aserve.scheduler.req import Req
 
 
 class PrefixCache:
-    def __init__(self, pool: KVPool, enabled: bool, debug: bool = False) -> None:
+    def __init__(self, pool: KVAllocator, enabled: bool, debug: bool = False) -> None:
         self.pool = pool
         self.enabled = enabled
         # Debug mode: pages read / written by steps in flight, to prove that nothing in

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from aserve.outputs import FinishReason, OutputCell, TokenLogprob
+from aserve.outputs import FinishReason, TokenLogprob
 from aserve.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the cell is the engine's (it wakes a coroutine); the policy never touches it
+    from aserve.engine.cell import OutputCell
 
 
 @dataclass(eq=False)
@@ -25,7 +28,7 @@ class Req:
     index: int  # which of the parent's n choices
     prompt_ids: list[int]
     params: SamplingParams
-    max_new_tokens: int  # max_tokens clipped to the context
+    max_new_tokens: int  # max_tokens clipped to the context and the pool, once, at admission
     seed: int
     stop_ids: frozenset[int]  # EOS (unless ignore_eos) + stop_token_ids
     arrival: float = field(default_factory=time.perf_counter)
@@ -38,7 +41,7 @@ class Req:
     stop_reason: str | int | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    cell: OutputCell = field(default_factory=OutputCell)
+    cell: OutputCell | None = None  # where committed tokens go (set by the engine at admission)
 
     # -- planned --
     row: int | None = None
@@ -71,6 +74,8 @@ class Req:
         """Outputs launched but not committed: the distance the device runs ahead."""
         return self.num_launched_outputs - len(self.output_ids)
 
-    @property
-    def total_len(self) -> int:
-        return len(self.prompt_ids) + len(self.output_ids)
+    def length_reached(self, num_outputs: int) -> bool:
+        """The one home of the length limit: a request with ``num_outputs`` outputs is done by
+        length. The planner asks it of launched outputs (do not launch one more), the
+        committer of committed outputs (finish with ``"length"``)."""
+        return num_outputs >= self.max_new_tokens

@@ -24,7 +24,7 @@ def test_upload_packs_by_dtype_and_round_trips() -> None:
 def test_packed_int64_fields_round_trip_on_16_byte_boundaries() -> None:
     """Triton specialises kernels on 16-byte pointer alignment: every field's view must be
     aligned whatever the batch size, or a batch of the other parity compiles new kernels."""
-    from aserve.device.runner import pack_int64, unpack_int64
+    from aserve.device.inputs import pack_int64, unpack_int64
 
     for n in range(1, 8):
         fields = {

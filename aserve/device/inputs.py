@@ -1,0 +1,232 @@
+"""A step's inputs: built on the host from a plan, packed into one int64 tensor (one upload),
+and read on the device as typed views.
+
+Two shapes of step:
+
+* the greedy graph fast path (every sequence decodes plain-greedily and the batch fits a
+  captured graph): only the graph's input, the rows and their generations; no sampling;
+* the general path: every field of :class:`StepFields` and a sampling batch; ``graph_in`` too
+  when every sequence decodes (a captured graph runs the forward, the sampler runs after it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+from aserve.device.decode_graphs import DecodeGraphs
+from aserve.sampling.sampler import SamplingBatch, make_sampling_batch
+from aserve.sampling_params import SamplingParams
+from aserve.scheduler.policy import Plan
+
+_NO_OUTPUTS: list[int] = []  # stands for the output of a request without penalties (never read)
+_NO_BAN: frozenset[int] = frozenset()
+
+
+class StepFields(NamedTuple):
+    """The general path's int64 inputs: lists on the host, ``[N]`` views on the device."""
+
+    prefix: torch.Tensor  # [B] tokens already in the KV cache per sequence
+    extend: torch.Tensor  # [B] new tokens per sequence
+    slots: torch.Tensor  # [T] KV slot of each new token
+    table_rows: torch.Tensor  # [K] request-to-token table writes: row, column, slot
+    table_cols: torch.Tensor
+    table_slots: torch.Tensor
+    input_ids: torch.Tensor  # [T] prefill tokens; decode positions are filled from the FutureMap
+    positions: torch.Tensor  # [T]
+    logits_idx: torch.Tensor  # [B] last token of each sequence
+    decode_token_idx: torch.Tensor  # [D] where each decode's input goes in input_ids
+    decode_rows: torch.Tensor  # [D] FutureMap rows (and generations) the decodes read
+    decode_gens: torch.Tensor
+    sample_idx: torch.Tensor  # [S] sequences whose sampled token is an output
+    pending_b: torch.Tensor  # [P] penalised decodes whose last output is still on the device:
+    pending_c: torch.Tensor  #     (batch row, column in output_tokens, index among decodes)
+    pending_decode: torch.Tensor
+
+
+class SamplingInputs(NamedTuple):
+    """Per-sequence sampling knobs on the host (one ``make_sampling_batch`` call)."""
+
+    params: list[SamplingParams]
+    seeds: list[int]
+    steps: list[int]
+    prompts: list[list[int]]
+    outputs: list[list[int]]
+    banned: list[frozenset[int]]
+
+    def batch(self, device: torch.device | str) -> SamplingBatch:
+        return make_sampling_batch(self.params, self.seeds, self.steps, self.prompts, self.outputs, device, self.banned)
+
+
+@dataclass
+class StepInputs:
+    """A step's inputs on the host: every int64 field packed in ``packed`` (``spans`` names
+    them), plus the host-side lengths the attention backend reads and the sampling knobs."""
+
+    packed: torch.Tensor
+    spans: dict[str, tuple[int, int]]
+    prefix_cpu: list[int]
+    extend_cpu: list[int]
+    sampling: SamplingInputs | None  # None: the greedy graph fast path
+
+
+@dataclass
+class DeviceInputs:
+    """A step's inputs where the forward runs."""
+
+    rows: torch.Tensor  # [B] request rows (FutureMap / table rows)
+    gens: torch.Tensor  # [B] their generations (ABA guard)
+    graph_in: torch.Tensor | None  # [3, Bp] a captured decode graph's input
+    fields: StepFields | None  # None on the greedy graph fast path
+    sbatch: SamplingBatch | None  # None on the greedy graph fast path
+    prefix_cpu: list[int]
+    extend_cpu: list[int]
+
+    @classmethod
+    def from_packed(cls, packed: torch.Tensor, host: StepInputs, sbatch: SamplingBatch | None) -> DeviceInputs:
+        views = unpack_int64(packed, host.spans)
+        has_fields = "prefix" in views
+        return cls(
+            rows=views["rows"],
+            gens=views["gens"],
+            graph_in=views.get("graph_in"),
+            fields=StepFields(*(views[name] for name in StepFields._fields)) if has_fields else None,
+            sbatch=sbatch,
+            prefix_cpu=host.prefix_cpu,
+            extend_cpu=host.extend_cpu,
+        )
+
+
+def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
+    """The host side of a launch: a plan's sequences as the device's inputs."""
+    fast = _graph_fast_inputs(plan, graphs)
+    if fast is not None:
+        return fast
+    rows: list[int] = []
+    gens: list[int] = []
+    prefix: list[int] = []
+    extend: list[int] = []
+    slots: list[int] = []
+    table_rows: list[int] = []
+    table_cols: list[int] = []
+    table_slots: list[int] = []
+    input_ids: list[int] = []
+    decode_token_idx: list[int] = []
+    decode_rows: list[int] = []
+    decode_gens: list[int] = []
+    sample_idx: list[int] = []
+    positions: list[int] = []
+    # (batch row, column in output_tokens, index among decodes): filled on the device
+    pending: list[tuple[int, int, int]] = []
+    sampling = SamplingInputs([], [], [], [], [], [])
+    for i, s in enumerate(plan.seqs):
+        rows.append(s.row)
+        gens.append(s.generation)
+        prefix.append(s.prefix_len)
+        extend.append(s.extend_len)
+        slots.extend(s.slots)
+        # Cached prefix slots (first step after a cache hit) and the new tokens' slots.
+        table_rows.extend([s.row] * (len(s.prefix_slots) + s.extend_len))
+        table_cols.extend(range(len(s.prefix_slots)))
+        new_positions = range(s.prefix_len, s.prefix_len + s.extend_len)
+        table_cols.extend(new_positions)
+        positions.extend(new_positions)
+        table_slots.extend(s.prefix_slots)
+        table_slots.extend(s.slots)
+        if s.input_ids is None:
+            decode_token_idx.append(len(input_ids))
+            decode_rows.append(s.row)
+            decode_gens.append(s.generation)
+            input_ids.append(0)
+        else:
+            input_ids.extend(s.input_ids)
+        if s.samples:
+            sample_idx.append(i)
+        req = s.req
+        sampling.params.append(req.params)
+        sampling.seeds.append(req.seed)
+        sampling.steps.append(s.output_index)
+        sampling.prompts.append(req.prompt_ids)
+        # Under min_tokens, this step's token may not be a stop id (EOS included).
+        sampling.banned.append(req.stop_ids if s.output_index < req.params.min_tokens else _NO_BAN)
+        if req.params.has_penalty:
+            # Only penalties read the output so far: copying it for every request on
+            # every step would cost O(tokens generated) per step.
+            out = list(req.output_ids)
+            if s.pending_output:
+                pending.append((i, len(out), len(decode_rows) - 1))
+                out.append(0)  # placeholder, replaced by the FutureMap value on the device
+            sampling.outputs.append(out)
+        else:
+            sampling.outputs.append(_NO_OUTPUTS)
+    logits_idx: list[int] = []
+    acc = 0
+    for e in extend:
+        acc += e
+        logits_idx.append(acc - 1)
+    packed: dict[str, list[int]] = {"rows": rows, "gens": gens}
+    if graphs is not None and len(decode_rows) == len(rows):
+        # Every sequence decodes (its input comes from the FutureMap): a captured graph's
+        # step, if the batch fits the ladder. [3 * Bp], row-major [3, Bp].
+        graph_in = graphs.host_inputs(rows, prefix, slots)
+        if graph_in is not None:
+            packed["graph_in"] = graph_in
+    packed.update(
+        prefix=prefix, extend=extend, slots=slots, table_rows=table_rows, table_cols=table_cols,
+        table_slots=table_slots, input_ids=input_ids, positions=positions, logits_idx=logits_idx,
+        decode_token_idx=decode_token_idx, decode_rows=decode_rows, decode_gens=decode_gens, sample_idx=sample_idx,
+        pending_b=[b for b, _, _ in pending], pending_c=[c for _, c, _ in pending],
+        pending_decode=[d for _, _, d in pending],
+    )  # fmt: skip
+    flat, spans = pack_int64(packed)
+    return StepInputs(flat, spans, prefix, extend, sampling)
+
+
+def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | None:
+    """The common steady-state step: every sequence decodes greedily (no penalty, no
+    logprobs) and the batch fits a captured graph. Only the graph's input, rows and
+    generations are built and uploaded, and no sampling tensors at all: the graph's
+    argmax is the step's output. None when the step needs the general path."""
+    if graphs is None:
+        return None
+    for s in plan.seqs:
+        if s.input_ids is not None or s.prefix_slots or not s.req.params.is_plain_greedy:
+            return None
+        if s.output_index < s.req.params.min_tokens:
+            return None  # stop ids are banned this step: the sampler must run
+    rows = [s.row for s in plan.seqs]
+    positions = [s.prefix_len for s in plan.seqs]
+    graph_in = graphs.host_inputs(rows, positions, [s.slots[0] for s in plan.seqs])
+    if graph_in is None:
+        return None
+    flat, spans = pack_int64({"rows": rows, "gens": [s.generation for s in plan.seqs], "graph_in": graph_in})
+    return StepInputs(flat, spans, positions, [1] * len(rows), None)
+
+
+def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tuple[int, int]]]:
+    """Every int64 input of a step in one host tensor (one ``torch.tensor`` call, one H2D
+    copy); ``unpack_int64`` turns it back into views by name.
+
+    Each field starts on a 16-byte boundary (odd-length fields get one int64 of padding).
+    Triton specialises a kernel on whether each pointer argument is 16-byte aligned, so
+    without this a field's alignment would follow the parity of the batch size, and the
+    first prefill of the other parity compiled new attention kernels in the middle of
+    serving (H200: a 1.3 s launch; warm-up had covered only one parity)."""
+    flat: list[int] = []
+    spans: dict[str, tuple[int, int]] = {}
+    for name, values in fields.items():
+        spans[name] = (len(flat), len(values))
+        flat.extend(values)
+        if len(values) % 2:
+            flat.append(0)
+    return torch.tensor(flat, dtype=torch.int64), spans
+
+
+def unpack_int64(flat: torch.Tensor, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """Views of the packed int64 inputs by name (``graph_in`` as its [3, Bp] matrix)."""
+    out = {name: flat[off : off + n] for name, (off, n) in spans.items()}
+    if "graph_in" in out:
+        out["graph_in"] = out["graph_in"].view(3, -1)
+    return out

@@ -1,0 +1,87 @@
+"""A launched step and the four states of its tokens.
+
+Every token the engine produces passes through four states (the seed's vocabulary), and a
+``Step`` carries one awaitable per state, each resolved exactly once and in this order:
+
+* ``planned``: the batch is chosen, its KV slots allocated, its inputs built; nothing runs.
+* ``in_flight``: forward and sampling are queued on the device (``host_time``: when the
+  launch began); the CPU cannot read the results.
+* ``materialized``: the device wrote the sampled tokens into the FutureMap; the next step
+  may consume them on the device (their values are not on the host yet).
+* ``committed``: the device-to-host copy landed (``copied``) and the committer appended the
+  tokens to their requests, checked stops, settled KV and fed the output cells.
+
+Any coroutine may ``await step.<state>.wait()`` (``Engine.watch_steps`` hands steps out as
+they launch). At shutdown the states a step will never reach are cancelled: their waiters
+get :class:`aserve.errors.EngineClosedError` instead of hanging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from aserve.device.events import DeviceEvent, HostMark
+from aserve.scheduler.req import Req
+
+
+class StepEntry(NamedTuple):
+    """What the committer needs of one sequence, as it was at launch (the snapshot).
+
+    A NamedTuple: a step builds one per sequence on the launch path, and a frozen
+    dataclass costs three times as much to construct."""
+
+    req: Req
+    generation: int
+    samples: bool
+    num_new_tokens: int
+    is_decode: bool
+    kv_end: int  # positions [0, kv_end) hold KV once this step is committed
+
+
+@dataclass
+class StepOutputs:
+    """The sampled tokens on the host, in launch order (one per entry)."""
+
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_ids: list[list[int]] | None = None
+    top_logprobs: list[list[float]] | None = None
+
+
+@dataclass(eq=False)
+class Step:
+    index: int
+    entries: tuple[StepEntry, ...]
+    num_tokens: int
+    num_decodes: int
+    forward_begin: DeviceEvent  # the device started the step (device timing)
+    materialized: DeviceEvent
+    copied: DeviceEvent  # the results are readable on the host (the committer's gate)
+    launch_time: float  # host clock when launch began
+    planned: HostMark = field(default_factory=lambda: HostMark("planned"))
+    in_flight: HostMark = field(default_factory=lambda: HostMark("in_flight"))
+    committed: HostMark = field(default_factory=lambda: HostMark("committed"))
+    plan_s: float = 0.0
+    launch_s: float = 0.0
+    outputs: StepOutputs | None = None
+    depth_in_use: int = 0  # pipeline slots held when it was launched
+    after_idle: bool = True  # the device had nothing queued before it (no idle gap to report)
+    debug_pages: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))  # (read, written), debug
+    # Device tensors and host buffers that must outlive the device's use of them.
+    keepalive: list[Any] = field(default_factory=list)
+    read_host: Callable[[], StepOutputs] | None = None
+
+    def read_outputs(self) -> StepOutputs:
+        """Host copies of the sampled tokens; valid only once ``copied`` completed."""
+        assert self.copied.done(), f"step {self.index} read before its copy event"
+        if self.outputs is None:
+            assert self.read_host is not None
+            self.outputs = self.read_host()
+        return self.outputs
+
+    def cancel_unreached(self, error: BaseException) -> None:
+        """Shutdown: every state not yet reached resolves with ``error`` for its waiters."""
+        for state in (self.planned, self.in_flight, self.materialized, self.copied, self.committed):
+            state.cancel(error)

@@ -1,0 +1,66 @@
+"""Per-step accounting after each commit: device busy and idle time, host time per phase,
+and the Perfetto trace of each step's token states on the host and device tracks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from aserve.device.events import DeviceEvent
+from aserve.device.step import Step
+from aserve.stats import StepRecord, StepStats, TraceWriter
+
+
+class StepRecorder:
+    def __init__(self, trace: TraceWriter | None, device_clock: Callable[[DeviceEvent], float]) -> None:
+        self.stats = StepStats()
+        self.trace = trace
+        # Host-clock time at which the device passed an event (CUDA: from timing events).
+        self.device_clock = device_clock
+        self._prev_end: DeviceEvent | None = None  # the event that ended the previous step
+
+    def record(self, step: Step, commit_s: float, commit_t0: float) -> None:
+        begin, end = step.forward_begin, step.materialized
+        if begin.cuda_event is not None and end.cuda_event is not None:
+            busy = begin.cuda_event.elapsed_time(end.cuda_event) / 1e3
+            gap = None
+            if self._prev_end is not None and self._prev_end.cuda_event is not None and not step.after_idle:
+                gap = self._prev_end.cuda_event.elapsed_time(begin.cuda_event) / 1e3
+        else:
+            busy = end.host_time - begin.host_time
+            gap = None
+            if self._prev_end is not None and not step.after_idle:
+                gap = max(0.0, begin.host_time - self._prev_end.host_time)
+        self._prev_end = end
+        self.stats.add(
+            StepRecord(
+                index=step.index,
+                num_seqs=len(step.entries),
+                num_tokens=step.num_tokens,
+                num_decodes=step.num_decodes,
+                depth_in_use=step.depth_in_use,
+                device_busy_s=busy,
+                device_gap_s=gap,
+                plan_s=step.plan_s,
+                launch_s=step.launch_s,
+                commit_s=commit_s,
+            )
+        )
+        if self.trace is not None:
+            self._trace(step, commit_s, commit_t0)
+
+    def _trace(self, step: Step, commit_s: float, commit_t0: float) -> None:
+        tr, i = self.trace, step.index
+        assert tr is not None
+        plan_t0 = step.launch_time - step.plan_s
+        commit_end = commit_t0 + commit_s
+        tr.span("plan", tr.HOST, plan_t0, step.launch_time, step=i)
+        tr.span("launch", tr.HOST, step.launch_time, step.launch_time + step.launch_s, step=i)
+        tr.span("commit", tr.HOST, commit_t0, commit_end, step=i)
+        dev_begin, dev_end = self.device_clock(step.forward_begin), self.device_clock(step.materialized)
+        tr.span(f"step {i}", tr.DEVICE, dev_begin, dev_end, seqs=len(step.entries), tokens=step.num_tokens)
+        # The four states: planned while the host builds it, in flight from launch until the
+        # device materialized its tokens, materialized until the commit took them.
+        tr.state_span("planned", i, plan_t0, step.launch_time)
+        tr.state_span("in-flight", i, step.launch_time, dev_end)
+        tr.state_span("materialized", i, dev_end, commit_t0)
+        tr.state_span("committed", i, commit_end, commit_end)

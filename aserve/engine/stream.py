@@ -1,0 +1,116 @@
+"""A request's stream: what a consumer reads of its committed tokens, as ``Delta``s.
+
+The committer leaves tokens in each sequence's :class:`~aserve.engine.cell.OutputCell` and
+never waits; the consumer takes everything waiting at once, detokenizes it incrementally (on
+the consumer's side, not the committer's) and holds back the last characters that could
+still begin a stop string. Leaving the stream early aborts its requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+
+from aserve.engine.cell import OutputCell
+from aserve.errors import AserveError, RequestAbortedError
+from aserve.outputs import Delta
+from aserve.scheduler.req import Req
+from aserve.tokenizer.detokenizer import IncrementalDetokenizer
+from aserve.tokenizer.tokenizer import Tokenizer
+
+
+def cell_of(req: Req) -> OutputCell:
+    assert req.cell is not None, f"{req.rid} was admitted without an output cell"
+    return req.cell
+
+
+async def stream_deltas(
+    reqs: list[Req], tokenizer: Tokenizer, abort: Callable[[Req], None], detokenize: bool = True
+) -> AsyncGenerator[Delta, None]:
+    """Yield the deltas of submitted ``reqs`` (the ``n`` choices of one call) as they commit.
+
+    ``detokenize=False``: deltas carry token ids only (``text`` stays empty). Closing the
+    generator or cancelling its consumer aborts every unfinished request (``abort``); a
+    request that failed raises its typed error (``KVCapacityError``, say) or
+    :class:`RequestAbortedError`."""
+    cells = [cell_of(r) for r in reqs]
+    signal = cells[0].signal
+    params = reqs[0].params
+    detoks = [IncrementalDetokenizer(tokenizer, skip_special_tokens=params.skip_special_tokens) for _ in reqs]
+    hold = max((len(s) for s in params.stop), default=1) - 1
+    emitted = [0] * len(reqs)
+    done = [False] * len(reqs)
+    try:
+        while not all(done):
+            progressed = False
+            for i, (req, cell) in enumerate(zip(reqs, cells, strict=True)):
+                if done[i] or not cell.ready():
+                    continue
+                finished = cell.finished
+                ids, lps = cell.take_nowait()
+                if cell.error is not None:
+                    if isinstance(cell.error, AserveError):
+                        raise cell.error
+                    raise RequestAbortedError(f"request {req.rid} failed: {cell.error}") from cell.error
+                new_text = ""
+                if detokenize:
+                    detok = detoks[i]
+                    detok.push(ids)
+                    if finished:
+                        detok.flush()
+                    text = detok.text
+                    if finished:
+                        limit = len(text) if cell.text_limit is None else cell.text_limit
+                    else:
+                        limit = len(text) - hold
+                    new_text = text[emitted[i] : limit] if limit > emitted[i] else ""
+                    emitted[i] = max(emitted[i], limit)
+                progressed = True
+                if finished:
+                    done[i] = True
+                if not ids and not new_text and not finished:
+                    continue
+                yield Delta(
+                    index=req.index,
+                    text=new_text,
+                    token_ids=ids,
+                    finish_reason=cell.finish_reason if finished else None,
+                    stop_reason=cell.stop_reason if finished else None,
+                    logprobs=lps if params.logprobs is not None else None,
+                )
+            if not progressed:
+                await signal.wait()
+    finally:
+        for req in reqs:
+            if not req.finished:
+                abort(req)
+
+
+class RequestStream:
+    """Deltas of a submitted request (``Engine.open_stream``); ``aclose`` aborts it."""
+
+    def __init__(self, reqs: list[Req], tokenizer: Tokenizer, abort: Callable[[Req], None]) -> None:
+        self._reqs = reqs
+        self._abort = abort
+        self._gen = stream_deltas(reqs, tokenizer, abort)
+
+    @property
+    def request_id(self) -> str:
+        return self._reqs[0].group_id
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (0 until the request is admitted)."""
+        return self._reqs[0].cached_prompt_tokens
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> Delta:
+        return await self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        """Abort the request if unfinished (at once, started or not) and close the stream."""
+        for req in self._reqs:
+            if not req.finished:
+                self._abort(req)
+        await self._gen.aclose()
