@@ -11,12 +11,13 @@ from aserve.errors import InvalidRequestError
 # Temperatures below this are greedy (vLLM's cut-off); dividing by them would only overflow.
 GREEDY_TEMPERATURE = 1e-5
 _MAX_LOGPROBS = 20
+_MAX_LOGIT_BIAS = 1024  # entries per request
 
 
 def penalised(repetition: float, frequency: float, presence: float) -> bool:
     """Whether these penalties make sampling read the tokens generated so far (and the prompt)."""
     return repetition != 1.0 or frequency != 0.0 or presence != 0.0
-_MAX_LOGIT_BIAS = 1024  # entries per request
+
 
 
 @dataclass(frozen=True)
