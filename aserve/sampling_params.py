@@ -19,7 +19,6 @@ def penalised(repetition: float, frequency: float, presence: float) -> bool:
     return repetition != 1.0 or frequency != 0.0 or presence != 0.0
 
 
-
 @dataclass(frozen=True)
 class SamplingParams:
     """What to generate and when to stop.
