@@ -17,43 +17,24 @@ Processing order (vLLM/OpenAI semantics where the two agree):
    token ``i`` with probability exactly ``p_i`` (the first arrival of independent Poisson
    clocks with rates ``p_i``). Unnormalised ``p`` is fine because argmax ignores scaling.
 
-Randomness
-----------
-The uniform behind ``E_i = -log(U_i)`` is a pure function of ``(seed, step, token index)``
-computed with integer tensor ops, so a request draws the same tokens whatever else is in
-the batch, at whatever row, on CPU or CUDA. The hash (all values are kept in ``[0, 2**32)``
-inside int64 tensors; every multiplier is odd and below ``2**31`` so a product of a 32-bit
-value and a multiplier is below ``2**63`` and int64 never overflows):
-
-* ``mix32(x)``: ``x ^= x >> 16; x = x * 0x7FEB352D mod 2**32; x ^= x >> 15;
-  x = x * 0x21F0AAAD mod 2**32; x ^= x >> 16`` -- a bijective xorshift-multiply finaliser
-  in the style of murmur3's fmix32 / "lowbias32" (both multipliers appear in Chris
-  Wellons' hash-prospector results).
-* row key (``[B]``, cheap): ``k = mix32(seed_hi ^ 0x3C6EF372); k = mix32(k ^ seed_lo);
-  k = mix32(k ^ step_lo)``.
-* token hash (``[V]``, cached per vocab size and device): ``h_i = mix32(mix32(i) ^ 0x5851F42D)``.
-* per element: ``x = mix32(h_i ^ k)``; ``U = (x >> 9 + 0.5) / 2**23``, a float32 that is
-  exact (24 significant bits) and lies strictly inside (0, 1), so ``E = -log U`` is finite
-  and positive.
-
-Because ``mix32`` is a strong bijection and ``h_i`` spreads token indices over the whole
-32-bit space, two different keys see practically disjoint pseudo-random inputs, so draws for
-different steps/seeds behave as independent.
+The draw's uniforms come from :mod:`aserve.sampling.noise` (a counter-based hash of seed,
+step and token index); the host builds the batch in :mod:`aserve.sampling.batch`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections.abc import Collection, Sequence
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from aserve.sampling_params import GREEDY_TEMPERATURE, penalised
+from aserve.sampling.batch import SamplingBatch, SamplingParamsLike, make_sampling_batch
+from aserve.sampling.noise import _exp_noise, _row_keys, _token_hash, uniform_noise
+from aserve.sampling_params import GREEDY_TEMPERATURE
 
+# SamplingBatch, SamplingParamsLike, make_sampling_batch (batch.py) and uniform_noise (noise.py)
+# are re-exported: importers name them from here.
 __all__ = [
     "SampleOutput",
     "SamplingBatch",
@@ -66,77 +47,6 @@ __all__ = [
 
 _GREEDY_EPS = GREEDY_TEMPERATURE
 
-_MASK32 = 0xFFFFFFFF
-# Odd multipliers below 2**31: (x < 2**32) * m < 2**63, so int64 products never overflow.
-_MUL1 = 0x7FEB352D
-_MUL2 = 0x21F0AAAD
-_SEED_SALT = 0x3C6EF372
-_TOKEN_SALT = 0x5851F42D
-_INV_2_23 = 1.0 / float(1 << 23)
-
-
-class SamplingParamsLike(Protocol):
-    """The per-request knobs the sampler reads (any object with these attributes).
-
-    Read-only properties so frozen dataclasses (e.g. ``aserve.sampling_params``) match."""
-
-    @property
-    def temperature(self) -> float: ...
-    @property
-    def top_k(self) -> int: ...
-    @property
-    def top_p(self) -> float: ...
-    @property
-    def min_p(self) -> float: ...
-    @property
-    def repetition_penalty(self) -> float: ...
-    @property
-    def frequency_penalty(self) -> float: ...
-    @property
-    def presence_penalty(self) -> float: ...
-    @property
-    def logprobs(self) -> int | None: ...
-    @property
-    def logit_bias(self) -> tuple[tuple[int, float], ...]: ...  # (token id, bias), sorted
-
-
-@dataclass
-class SamplingBatch:
-    """Per-step sampling inputs; tensors already live on the logits' device."""
-
-    temperature: Tensor  # [B] float32; 0 means greedy for that row
-    top_k: Tensor  # [B] int64; 0 or -1 means off (full vocab)
-    top_p: Tensor  # [B] float32 in (0, 1]; 1 means off
-    min_p: Tensor  # [B] float32 in [0, 1); 0 means off
-    seeds: Tensor  # [B] int64 per-request seed
-    steps: Tensor  # [B] int64 index of the output token being sampled (0 for the first)
-    repetition_penalty: Tensor  # [B] float32, 1 = off (prompt + output tokens)
-    frequency_penalty: Tensor  # [B] float32, 0 = off (output tokens only)
-    presence_penalty: Tensor  # [B] float32, 0 = off (output tokens only)
-    prompt_tokens: Tensor | None  # [B, Lp] int64 padded with -1; None if no repetition penalty
-    output_tokens: Tensor | None  # [B, Lo] int64 padded with -1; None if no penalty at all
-    # Sparse logit biases: [2, N] int64 (row, token id) and [N] float32; None if no row has any.
-    bias_index: Tensor | None
-    bias_values: Tensor | None
-    # Host-side flags: they pick which ops run, so cheap batches skip work.
-    all_greedy: bool
-    any_top_k: bool
-    any_top_p: bool
-    any_min_p: bool
-    any_penalty: bool
-    num_logprobs: int  # max top-logprobs requested in the batch; -1 = no row wants logprobs
-    # Largest top-k of any row (host value): lets a top-k-only batch use ``torch.topk``
-    # instead of a full-vocab sort. 0 = unknown, which falls back to the sorting path.
-    max_top_k: int = 0
-
-    def tensors(self) -> dict[str, Tensor]:
-        """The tensor fields by name (what an upload to the device moves)."""
-        return {f.name: v for f in dataclasses.fields(self) if isinstance(v := getattr(self, f.name), Tensor)}
-
-    def replace_tensors(self, tensors: dict[str, Tensor]) -> SamplingBatch:
-        """The same batch with these tensor fields swapped (their device copies)."""
-        return dataclasses.replace(self, **tensors)  # type: ignore[arg-type]
-
 
 @dataclass
 class SampleOutput:
@@ -144,84 +54,6 @@ class SampleOutput:
     logprobs: Tensor | None  # [B] float32, chosen token's logprob under the raw distribution
     top_ids: Tensor | None  # [B, K] int64, K = num_logprobs (may be 0), descending
     top_logprobs: Tensor | None  # [B, K] float32
-
-
-# --------------------------------------------------------------------------------------
-# Counter-based hash
-# --------------------------------------------------------------------------------------
-
-
-def _mix32(x: Tensor) -> Tensor:
-    """Out-of-place 32-bit finaliser on int64 values in [0, 2**32) (small tensors)."""
-    x = x ^ (x >> 16)
-    x = (x * _MUL1) & _MASK32
-    x = x ^ (x >> 15)
-    x = (x * _MUL2) & _MASK32
-    return x ^ (x >> 16)
-
-
-def _mix32_(x: Tensor, scratch: Tensor) -> Tensor:
-    """In-place ``_mix32`` for big [B, V] tensors; ``scratch`` (same shape) avoids
-    allocating a fresh temporary for every shift."""
-    torch.bitwise_right_shift(x, 16, out=scratch)
-    x.bitwise_xor_(scratch)
-    x.mul_(_MUL1).bitwise_and_(_MASK32)
-    torch.bitwise_right_shift(x, 15, out=scratch)
-    x.bitwise_xor_(scratch)
-    x.mul_(_MUL2).bitwise_and_(_MASK32)
-    torch.bitwise_right_shift(x, 16, out=scratch)
-    return x.bitwise_xor_(scratch)
-
-
-def _row_keys(seeds: Tensor, steps: Tensor) -> Tensor:
-    """[B] int64 seeds/steps -> [B] int64 32-bit keys. Arithmetic shift + mask gives the
-    high word of negative seeds as well."""
-    seed_lo = seeds & _MASK32
-    seed_hi = (seeds >> 32) & _MASK32
-    key = _mix32(seed_hi ^ _SEED_SALT)
-    key = _mix32(key ^ seed_lo)
-    return _mix32(key ^ (steps & _MASK32))
-
-
-_TOKEN_HASH_CACHE: dict[tuple[int, str], Tensor] = {}
-
-
-def _token_hash(vocab_size: int, device: torch.device) -> Tensor:
-    """[V] int64 hash of each token index; depends only on the index, so it is cached."""
-    cache_key = (vocab_size, str(device))
-    cached = _TOKEN_HASH_CACHE.get(cache_key)
-    if cached is None:
-        idx = torch.arange(vocab_size, dtype=torch.int64, device=device)
-        cached = _mix32(_mix32(idx) ^ _TOKEN_SALT)
-        _TOKEN_HASH_CACHE[cache_key] = cached
-    return cached
-
-
-def _exp_noise(token_hash: Tensor, keys: Tensor) -> Tensor:
-    """Exp(1) noise for every (row, token). token_hash: [V] or [B, N] int64 hashes of the
-    token indices involved; keys: [B] int64. Returns [B, N] float32, all finite and > 0."""
-    x = token_hash ^ keys[:, None]  # [B, N] fresh int64 tensor we own
-    scratch = torch.empty_like(x)
-    _mix32_(x, scratch)
-    # Top 23 bits: (m + 0.5) / 2**23 is exact in float32 and at most 1 - 2**-24 < 1. With 24
-    # bits the largest m rounded to U == 1.0, E == 0, and that token won (or NaN'd) the race.
-    x.bitwise_right_shift_(9)
-    noise = x.to(torch.float32)
-    # U = (m + 0.5) / 2**23 in (0, 1); E = -log(U) in [6e-8, 16.6].
-    return noise.add_(0.5).mul_(_INV_2_23).log_().neg_()
-
-
-def uniform_noise(seeds: Tensor, steps: Tensor, token_ids: Tensor) -> Tensor:
-    """The uniforms the sampler uses: ``U[b, j]`` for token ``token_ids[b, j]`` of a request
-    with ``seeds[b]`` at ``steps[b]``. Exposed for tests and for debugging reproducibility.
-    seeds/steps: [B] int64; token_ids: [B, N] int64 -> [B, N] float32 in (0, 1)."""
-    x = _mix32(_mix32(_mix32(token_ids) ^ _TOKEN_SALT) ^ _row_keys(seeds, steps)[:, None])
-    return ((x >> 9).to(torch.float32) + 0.5) * _INV_2_23
-
-
-# --------------------------------------------------------------------------------------
-# Logit processing
-# --------------------------------------------------------------------------------------
 
 
 def apply_penalties(
@@ -449,90 +281,3 @@ def _sample_nucleus_cpu(
     )  # fmt: skip
     tokens[rows] = _sample_sorted(scaled[rows], sub, k_eff[rows], keys[rows], token_hash)
     return tokens
-
-
-# --------------------------------------------------------------------------------------
-# Host-side batch construction
-# --------------------------------------------------------------------------------------
-
-
-def _pad(rows: Sequence[Sequence[int]], device: torch.device | str) -> Tensor:
-    """Rows of token ids -> [B, max(1, longest)] int64 padded with -1."""
-    width = max([1, *(len(r) for r in rows)])
-    padded = [list(r) + [-1] * (width - len(r)) for r in rows]
-    return torch.tensor(padded, dtype=torch.int64, device=device)
-
-
-def make_sampling_batch(
-    params_list: Sequence[SamplingParamsLike],
-    seeds: Sequence[int],
-    steps: Sequence[int],
-    prompt_ids_list: Sequence[Sequence[int]],
-    output_ids_list: Sequence[Sequence[int]],
-    device: torch.device | str,
-    banned_list: Sequence[Collection[int]] | None = None,
-) -> SamplingBatch:
-    """Build a :class:`SamplingBatch` from plain Python values (host work, one upload per
-    tensor). Host flags only count non-greedy rows for top-k/top-p/min-p, since greedy rows
-    ignore those knobs. ``banned_list``: per row, token ids that must not be sampled this
-    step (a request under its ``min_tokens`` bans its stop ids); they override its bias."""
-    n = len(params_list)
-    if not (len(seeds) == len(steps) == len(prompt_ids_list) == len(output_ids_list) == n):
-        raise ValueError("make_sampling_batch: all per-row lists must have the same length")
-
-    temps = [float(p.temperature) for p in params_list]
-    greedy = [t < _GREEDY_EPS for t in temps]
-    top_ks = [int(p.top_k) if p.top_k > 0 else 0 for p in params_list]
-    top_ps = [float(p.top_p) for p in params_list]
-    min_ps = [float(p.min_p) for p in params_list]
-    reps = [float(p.repetition_penalty) for p in params_list]
-    freqs = [float(p.frequency_penalty) for p in params_list]
-    press = [float(p.presence_penalty) for p in params_list]
-    sampled_rows = [i for i in range(n) if not greedy[i]]
-
-    any_rep = any(r != 1.0 for r in reps)
-    any_penalty = any(map(penalised, reps, freqs, press))
-    requested = [p.logprobs for p in params_list if p.logprobs is not None]
-    bias_rows: list[int] = []
-    bias_ids: list[int] = []
-    bias_vals: list[float] = []
-    for i, p in enumerate(params_list):
-        banned = banned_list[i] if banned_list is not None else ()
-        for tok, val in p.logit_bias:
-            if tok not in banned:  # (row, id) pairs stay unique: the scatter does not accumulate
-                bias_rows.append(i)
-                bias_ids.append(tok)
-                bias_vals.append(float(val))
-        for tok in banned:
-            bias_rows.append(i)
-            bias_ids.append(tok)
-            bias_vals.append(-math.inf)
-
-    def f32(values: list[float]) -> Tensor:
-        return torch.tensor(values, dtype=torch.float32, device=device)
-
-    def i64(values: Sequence[int]) -> Tensor:
-        return torch.tensor(list(values), dtype=torch.int64, device=device)
-
-    return SamplingBatch(
-        temperature=f32([0.0 if g else t for g, t in zip(greedy, temps, strict=True)]),
-        top_k=i64(top_ks),
-        top_p=f32(top_ps),
-        min_p=f32(min_ps),
-        seeds=i64(seeds),
-        steps=i64(steps),
-        repetition_penalty=f32(reps),
-        frequency_penalty=f32(freqs),
-        presence_penalty=f32(press),
-        prompt_tokens=_pad(prompt_ids_list, device) if any_rep else None,
-        output_tokens=_pad(output_ids_list, device) if any_penalty else None,
-        bias_index=i64(bias_rows + bias_ids).view(2, -1) if bias_rows else None,
-        bias_values=f32(bias_vals) if bias_rows else None,
-        all_greedy=not sampled_rows,
-        any_top_k=any(top_ks[i] > 0 for i in sampled_rows),
-        any_top_p=any(top_ps[i] < 1.0 for i in sampled_rows),
-        any_min_p=any(min_ps[i] > 0.0 for i in sampled_rows),
-        any_penalty=any_penalty,
-        num_logprobs=max(requested) if requested else -1,
-        max_top_k=max([0, *(top_ks[i] for i in sampled_rows)]),
-    )

@@ -21,6 +21,7 @@ from aserve.sampling import (
     sample,
     uniform_noise,
 )
+from aserve.sampling import noise as noise_mod
 from aserve.sampling import sampler as sampler_mod
 
 
@@ -546,10 +547,10 @@ def test_the_largest_hash_value_does_not_win_the_race() -> None:
     the token won the race whatever its probability (NaN'd it when masked): about once per
     2**24 tokens, ~1.6% of the rows at a 262144-token vocabulary."""
     vocab, seed, special = 262144, 49, 164644
-    key = sampler_mod._row_keys(torch.tensor([seed]), torch.tensor([0]))
-    th = sampler_mod._token_hash(vocab, torch.device("cpu"))
-    assert int(sampler_mod._mix32(th[special] ^ key)[0]) >= 0xFFFFFF00, "the edge case moved; pick another seed"
-    noise = sampler_mod._exp_noise(th, key)
+    key = noise_mod._row_keys(torch.tensor([seed]), torch.tensor([0]))
+    th = noise_mod._token_hash(vocab, torch.device("cpu"))
+    assert int(noise_mod._mix32(th[special] ^ key)[0]) >= 0xFFFFFF00, "the edge case moved; pick another seed"
+    noise = noise_mod._exp_noise(th, key)
     assert torch.isfinite(noise).all() and (noise > 0).all()
     logits = torch.zeros(2, vocab)
     logits[:, special] = -30.0  # practically impossible token
