@@ -15,8 +15,9 @@ import anyio
 import pytest
 
 import aserve
+from tests.workload import TINY_LLAMA_KV_PER_TOKEN
 
-PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny llama: layers * (K, V) * kv heads * head_dim * float32
+PER_TOKEN = TINY_LLAMA_KV_PER_TOKEN
 
 
 @pytest.mark.parametrize("overlap", [False, True])

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +27,10 @@ from aserve.kv.pool import KVPool
 from aserve.models.config import ModelConfig
 from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
+from tests.workload import TINY_LLAMA_KV_PER_TOKEN, Job, complete_all, run_jobs
 
-PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny llama: layers * (K, V) * kv heads * head_dim * float32
-
-
-@dataclass(frozen=True)
-class Item:
-    prompt: list[int]
-    params: aserve.SamplingParams
-    delay: float
-    abort_after: int | None  # leave the stream after this many deltas (None: read to the end)
+PER_TOKEN = TINY_LLAMA_KV_PER_TOKEN
+Item = Job
 
 
 @st.composite
@@ -73,36 +66,12 @@ async def _run(
         model=str(path), debug=True, warmup=False, overlap=overlap, overlap_depth=depth, page_size=4,
         kv_cache_bytes=PER_TOKEN * 4 * (24 if small_pool else 400), max_num_batched_tokens=48,
     )  # fmt: skip
-    results: list[tuple[Any, ...]] = [()] * len(items)
     async with aserve.Engine(cfg) as engine:
-
-        async def one(i: int, item: Item) -> None:
-            await anyio.sleep(item.delay)
-            ids: list[int] = []
-            text: list[str] = []
-            finish = None
-            n = 0
-            async for d in engine.generate(item.prompt, item.params):
-                assert finish is None, "a delta arrived after the finishing delta"
-                ids += d.token_ids
-                text.append(d.text)
-                finish = d.finish_reason
-                n += 1
-                if item.abort_after is not None and n > item.abort_after:
-                    break
-            if finish is not None and not item.params.min_tokens:  # min_tokens lets early stop strings through
+        results = await run_jobs(engine, items)
+        for item, r in zip(items, results, strict=True):
+            if len(r) > 1 and not item.params.min_tokens:  # min_tokens lets early stop strings through
                 for s in item.params.stop:
-                    assert s not in "".join(text), f"stop string {s!r} was emitted"
-                if finish == "stop" and item.params.stop_token_ids and ids[-1] in item.params.stop_token_ids:
-                    assert ids.count(ids[-1]) >= 1
-            results[i] = (tuple(ids), finish, "".join(text)) if finish is not None else ("aborted",)
-
-        async with anyio.create_task_group() as tg:
-            for i, item in enumerate(items):
-                tg.start_soon(one, i, item)
-        with anyio.fail_after(10):
-            while not engine.ledger().all_free:
-                await anyio.sleep(0.005)
+                    assert s not in r[2], f"stop string {s!r} was emitted"
         assert engine.ledger().balanced
         assert engine.stats().running == 0
         if events and engine.stats().num_retractions:
@@ -261,16 +230,9 @@ def test_depth_three_with_penalties_equals_serial(tiny_llama: tuple[Path, Any]) 
     async def run(overlap: bool, depth: int) -> list[list[int]]:
         async with aserve.Engine(model=str(path), debug=True, warmup=False, overlap=overlap,
                                  overlap_depth=depth) as engine:  # fmt: skip
-            out: dict[int, list[int]] = {}
-
-            async def one(i: int) -> None:
-                out[i] = (await engine.complete(prompts[i], params(i))).token_ids
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
+            out = await complete_all(engine, prompts, params)
             assert max(r.depth_in_use for r in engine.step_records()) == (depth if overlap else 1)
             assert engine.ledger().all_free
-            return [out[i] for i in range(len(prompts))]
+            return out
 
     assert anyio.run(run, True, 3) == anyio.run(run, False, 2)

@@ -16,6 +16,7 @@ import pytest
 
 import aserve
 from tests.tiny import hf_greedy
+from tests.workload import complete_all
 
 MAX_NEW = 20
 
@@ -113,22 +114,18 @@ def test_decode_graph_in_graph_greedy_and_eager_sampler(tiny_llama: tuple[Path, 
     async def run(cuda_graph: bool, sampled: bool) -> tuple[list[list[int]], int, int]:
         async with aserve.Engine(model=str(path), debug=True, warmup=False, attention_backend="triton",
                                  cuda_graph=cuda_graph, max_running_requests=6, max_context=128) as engine:  # fmt: skip
-            out: dict[int, list[int]] = {}
 
-            async def one(i: int) -> None:
+            def params(i: int) -> aserve.SamplingParams:
                 # Sampled runs: odd rows carry a logit bias too (a sparse add before the sampler).
                 bias = {5: 2.0, 7: -1.5} if sampled and i % 2 else {}
-                sp = aserve.SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.9 if sampled else 0.0,
-                                           seed=100 + i, logit_bias=bias)  # fmt: skip
-                out[i] = (await engine.complete(prompts[i], sp)).token_ids
+                return aserve.SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.9 if sampled else 0.0,
+                                             seed=100 + i, logit_bias=bias)  # fmt: skip
 
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
+            out = await complete_all(engine, prompts, params)
             assert engine.ledger().all_free
             graphs = engine.runner.decode_graphs
             runs = 0 if graphs is None else graphs.runs
-            return [out[i] for i in range(len(prompts))], runs, engine.runner.fast_graph_steps
+            return out, runs, engine.runner.fast_graph_steps
 
     greedy, runs, fast = anyio.run(run, True, False)
     assert runs > 0 and greedy == refs

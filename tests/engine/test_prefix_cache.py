@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,16 +20,9 @@ from hypothesis import strategies as st
 
 import aserve
 from aserve.device.runner import ModelRunner
+from tests.workload import TINY_LLAMA_KV_PER_TOKEN, Job, run_jobs
 
-PER_TOKEN = 2 * 2 * 2 * 16 * 4  # tiny llama: layers * (K, V) * kv heads * head_dim * float32
-
-
-@dataclass(frozen=True)
-class Job:
-    prompt: list[int]
-    params: aserve.SamplingParams
-    delay: float
-    abort_after: int | None = None
+PER_TOKEN = TINY_LLAMA_KV_PER_TOKEN
 
 
 def _shared_prefix_jobs(seed: int, groups: int, per_group: int, prefix_len: int) -> list[Job]:
@@ -52,28 +44,8 @@ def _shared_prefix_jobs(seed: int, groups: int, per_group: int, prefix_len: int)
 
 
 async def _run(path: Path, jobs: list[Job], **cfg: Any) -> tuple[list[tuple[Any, ...]], aserve.EngineStats]:
-    out: list[tuple[Any, ...]] = [()] * len(jobs)
     async with aserve.Engine(model=str(path), debug=True, warmup=False, page_size=4, **cfg) as engine:
-
-        async def one(i: int, job: Job) -> None:
-            await anyio.sleep(job.delay)
-            ids: list[int] = []
-            finish = None
-            n = 0
-            async for d in engine.generate(job.prompt, job.params):
-                ids += d.token_ids
-                finish = d.finish_reason
-                n += 1
-                if job.abort_after is not None and n > job.abort_after:
-                    break
-            out[i] = (tuple(ids), finish) if finish is not None else ("aborted",)
-
-        async with anyio.create_task_group() as tg:
-            for i, job in enumerate(jobs):
-                tg.start_soon(one, i, job)
-        with anyio.fail_after(10):
-            while not engine.ledger().all_free:
-                await anyio.sleep(0.005)
+        out = await run_jobs(engine, jobs)
         ledger = engine.ledger()
         assert ledger.balanced and ledger.cached_pages * 4 == engine.stats().cached_tokens
         stats = engine.stats()

@@ -14,6 +14,7 @@ import pytest
 
 import aserve
 from tests.tiny import hf_greedy
+from tests.workload import TINY_LLAMA_KV_PER_TOKEN, complete_all
 
 
 @pytest.mark.parametrize("radix_cache", [True, False])
@@ -27,7 +28,7 @@ def test_retraction_gives_same_greedy_output(tiny_llama: tuple[Path, Any], overl
     prompts = [[1] + [rng.randrange(3, 384) for _ in range(rng.randint(5, 30))] for _ in range(12)]
     max_new = 30
     refs = [hf_greedy(hf, p, max_new)[0] for p in prompts]
-    per_token = 2 * 2 * 2 * 16 * 4  # layers * (K, V) * kv heads * head_dim * float32
+    per_token = TINY_LLAMA_KV_PER_TOKEN
     params = aserve.SamplingParams(max_tokens=max_new, temperature=0, ignore_eos=True)
 
     async def run() -> tuple[list[list[int]], aserve.EngineConfig, Any]:
@@ -36,18 +37,11 @@ def test_retraction_gives_same_greedy_output(tiny_llama: tuple[Path, Any], overl
             kv_cache_bytes=per_token * 4 * 40,  # 160 tokens for ~12 * 50 demanded
         )  # fmt: skip
         async with aserve.Engine(cfg) as engine:
-            out: dict[int, list[int]] = {}
-
-            async def one(i: int) -> None:
-                out[i] = (await engine.complete(prompts[i], params)).token_ids
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
+            out = await complete_all(engine, prompts, params)
             st = engine.stats()
             ledger = engine.ledger()
         assert ledger.all_free and ledger.balanced
-        return [out[i] for i in range(len(prompts))], cfg, st
+        return out, cfg, st
 
     outs, _, st = anyio.run(run)
     assert st.num_retractions > 0, "the pool was meant to force retraction"

@@ -14,6 +14,7 @@ import torch
 
 import aserve
 from tests.tiny import hf_greedy
+from tests.workload import complete_all
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -48,17 +49,10 @@ def test_float32_greedy_matches_transformers_on_cuda(
     async def run() -> list[list[int]]:
         async with aserve.Engine(model=str(path), device="cuda", dtype="float32", max_running_requests=8,
                                  max_context=128, kv_cache_bytes=2**26, **opts) as engine:  # fmt: skip
-            out: dict[int, list[int]] = {}
-
-            async def one(i: int) -> None:
-                out[i] = (await engine.complete(prompts[i], params)).token_ids
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
+            out = await complete_all(engine, prompts, params)
             if engine.config.use_cuda_graph:
                 assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
-            return [out[i] for i in range(len(prompts))]
+            return out
 
     with _NoTF32():
         assert anyio.run(run) == refs
@@ -121,17 +115,15 @@ def test_defaults_are_the_fast_path_and_overlap_matches_serial(tiny_gemma: tuple
             cfg = engine.config
             assert cfg.resolved_attention_backend == "triton" and cfg.use_fused_ops and cfg.use_cuda_graph
             assert engine.stats().pipeline_depth == (1 if not overlap else depth or 3)  # 3 by default on CUDA
-            out: dict[int, list[int]] = {}
-
-            async def one(i: int) -> None:
-                sp = aserve.SamplingParams(max_tokens=10 + 3 * i, temperature=0.8, top_k=40, seed=i, ignore_eos=True)
-                out[i] = (await engine.complete(prompts[i], sp)).token_ids
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
+            out = await complete_all(
+                engine,
+                prompts,
+                lambda i: aserve.SamplingParams(
+                    max_tokens=10 + 3 * i, temperature=0.8, top_k=40, seed=i, ignore_eos=True
+                ),
+            )
             assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
-            return [out[i] for i in range(len(prompts))]
+            return out
 
     serial = anyio.run(run, False)
     assert anyio.run(run, True) == serial  # the default on CUDA: depth 3, two steps queued ahead

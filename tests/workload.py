@@ -1,0 +1,74 @@
+"""Shared test workloads: jobs that stream (and maybe abort), and batches of ``complete`` calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+import aserve
+
+# KV bytes per token of tests.tiny's Llama: layers * (K, V) * kv heads * head_dim * float32.
+TINY_LLAMA_KV_PER_TOKEN = 2 * 2 * 2 * 16 * 4
+
+
+@dataclass(frozen=True)
+class Job:
+    prompt: list[int]
+    params: aserve.SamplingParams
+    delay: float = 0.0
+    abort_after: int | None = None  # leave the stream after this many deltas (None: read to the end)
+
+
+async def run_job(engine: aserve.Engine, job: Job) -> tuple[Any, ...]:
+    """Stream ``job`` after its delay: ``(ids, finish_reason, text)``, or ``("aborted",)``."""
+    await anyio.sleep(job.delay)
+    ids: list[int] = []
+    text: list[str] = []
+    finish = None
+    n = 0
+    async for d in engine.generate(job.prompt, job.params):
+        assert finish is None, "a delta arrived after the finishing delta"
+        ids += d.token_ids
+        text.append(d.text)
+        finish = d.finish_reason
+        n += 1
+        if job.abort_after is not None and n > job.abort_after:
+            break
+    return (tuple(ids), finish, "".join(text)) if finish is not None else ("aborted",)
+
+
+async def run_jobs(engine: aserve.Engine, jobs: Sequence[Job]) -> list[tuple[Any, ...]]:
+    """Every job concurrently; then wait (bounded) until every request's KV is back."""
+    out: list[tuple[Any, ...]] = [()] * len(jobs)
+
+    async def one(i: int) -> None:
+        out[i] = await run_job(engine, jobs[i])
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(jobs)):
+            tg.start_soon(one, i)
+    with anyio.fail_after(10):
+        while not engine.ledger().all_free:
+            await anyio.sleep(0.005)
+    return out
+
+
+async def complete_all(
+    engine: aserve.Engine,
+    prompts: Sequence[list[int]],
+    params: aserve.SamplingParams | Callable[[int], aserve.SamplingParams],
+) -> list[list[int]]:
+    """``engine.complete`` for every prompt concurrently; the token ids in prompt order."""
+    out: dict[int, list[int]] = {}
+
+    async def one(i: int) -> None:
+        p = params(i) if callable(params) else params
+        out[i] = (await engine.complete(prompts[i], p)).token_ids
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(one, i)
+    return [out[i] for i in range(len(prompts))]
