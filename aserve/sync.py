@@ -12,21 +12,21 @@ class Signal:
     ``wait()`` without an await in between cannot miss a ``set()`` (one thread, cooperative).
     """
 
-    __slots__ = ("_event", "_waiters")
+    __slots__ = ("_armed", "_event")
 
     def __init__(self) -> None:
         self._event = anyio.Event()
-        self._waiters = 0
+        self._armed = False  # someone waits on the current event and it is not set yet
 
     def set(self) -> None:
-        if not self._waiters:  # nobody to wake: skip making a new event (the hot path)
+        # The hot path: a committer pushes many tokens per step, and only the first push
+        # after a wait() has anything to do; the rest cost one attribute read.
+        if not self._armed:
             return
+        self._armed = False
         event, self._event = self._event, anyio.Event()
         event.set()
 
     async def wait(self) -> None:
-        self._waiters += 1
-        try:
-            await self._event.wait()
-        finally:
-            self._waiters -= 1
+        self._armed = True
+        await self._event.wait()

@@ -11,35 +11,46 @@ from __future__ import annotations
 import itertools
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from aserve.config import EngineConfig
 from aserve.engine.cell import OutputCell
-from aserve.engine.setup import LoadedEngine
 from aserve.errors import ContextLengthError, EngineOverloadedError, InvalidRequestError
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.req import Req
 from aserve.sync import Signal
+from aserve.tokenizer.tokenizer import Tokenizer
 
 Prompt = str | Sequence[int]
 
 
+@dataclass(frozen=True)
+class AdmissionLimits:
+    """What a request is checked against: the engine's (and, over IPC, the core's) limits."""
+
+    vocab_size: int
+    max_context: int
+    kv_tokens: int
+    eos_token_ids: tuple[int, ...]
+    max_waiting_requests: int
+    stream_interval: int
+
+
 class Admission:
-    def __init__(self, parts: LoadedEngine, config: EngineConfig) -> None:
-        self.parts = parts
-        self.config = config
+    def __init__(self, limits: AdmissionLimits, tokenizer: Tokenizer, seed: int | None = None) -> None:
+        self.limits = limits
+        self.tokenizer = tokenizer
         self._ids = itertools.count()
-        self._rng = random.Random(config.seed)
+        self._rng = random.Random(seed)
 
     def prompt_ids(self, prompt: Prompt) -> list[int]:
-        parts = self.parts
         if isinstance(prompt, str):
             if not prompt:
                 raise InvalidRequestError("prompt is empty; give at least one character or token", param="prompt")
-            return parts.tokenizer.encode(prompt, add_special_tokens=True)
+            return self.tokenizer.encode(prompt, add_special_tokens=True)
         ids = list(prompt)
         if not ids:
             raise InvalidRequestError("prompt is empty; give at least one token id", param="prompt")
-        vocab = parts.model_config.vocab_size
+        vocab = self.limits.vocab_size
         bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < vocab]
         if bad:
             raise InvalidRequestError(
@@ -48,47 +59,62 @@ class Admission:
         return ids
 
     def make_requests(
-        self, prompt: Prompt, params: SamplingParams, request_id: str | None, *, waiting: int, whole: bool
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None,
+        *,
+        waiting: int,
+        whole: bool,
+        seeds: Sequence[int] | None = None,
+        signal: Signal | None = None,
     ) -> list[Req]:
         """The ``params.n`` requests of one call. ``waiting``: requests submitted and not yet
         admitted (for the queue limit). ``whole=True`` (``complete``): the consumer is woken only
-        when a choice finishes; otherwise every ``stream_interval`` tokens."""
+        when a choice finishes; otherwise every ``stream_interval`` tokens. ``seeds`` (one per
+        choice) and ``signal`` (a wake-up shared with other requests, woken at every token) are
+        for the engine core serving a front end, which chose the seeds and reads per step."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be an aserve.SamplingParams", param="params")
-        parts, pool = self.parts, self.parts.pool
+        lim = self.limits
         ids = self.prompt_ids(prompt)
         if params.logit_bias:
-            vocab = parts.model_config.vocab_size
+            vocab = lim.vocab_size
             outside = [t for t, _ in params.logit_bias if t >= vocab]
             if outside:
                 raise InvalidRequestError(
                     f"logit_bias token ids must be in [0, {vocab}); got {outside[:5]}", param="logit_bias"
                 )
-        ctx = pool.max_context
+        ctx = lim.max_context
         if len(ids) >= ctx:
             raise ContextLengthError(
                 f"prompt has {len(ids)} tokens but the context holds {ctx} "
                 f"(prompt + at least 1 output token); shorten the prompt",
                 param="prompt",
             )
-        if len(ids) + 1 > pool.total_tokens:
+        if len(ids) + 1 > lim.kv_tokens:
             raise ContextLengthError(
-                f"prompt has {len(ids)} tokens but the KV pool holds only {pool.total_tokens}; "
+                f"prompt has {len(ids)} tokens but the KV pool holds only {lim.kv_tokens}; "
                 "shorten the prompt or give the engine more KV memory",
                 param="prompt",
             )
-        if waiting + params.n > self.config.max_waiting_requests:
+        if waiting + params.n > lim.max_waiting_requests:
             raise EngineOverloadedError(
-                f"{waiting} requests are waiting (limit {self.config.max_waiting_requests}); retry later"
+                f"{waiting} requests are waiting (limit {lim.max_waiting_requests}); retry later"
             )
+        if seeds is not None and len(seeds) != params.n:
+            raise InvalidRequestError(f"{len(seeds)} seeds for n={params.n} choices", param="seed")
         rid = request_id or f"req-{next(self._ids)}"
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
-            stop_ids.update(parts.eos_token_ids)
+            stop_ids.update(lim.eos_token_ids)
         # One request never needs more KV than the context or the whole pool holds.
-        max_new_tokens = min(params.max_tokens, ctx - len(ids), pool.total_tokens - len(ids))
-        signal = Signal()  # one consumer waits for any of the n choices
-        wake_every = 0 if whole else self.config.stream_interval
+        max_new_tokens = min(params.max_tokens, ctx - len(ids), lim.kv_tokens - len(ids))
+        if signal is None:
+            signal = Signal()  # one consumer waits for any of the n choices
+            wake_every = 0 if whole else lim.stream_interval
+        else:
+            wake_every = 1
         return [
             Req(
                 rid=rid if params.n == 1 else f"{rid}.{i}",
@@ -97,7 +123,11 @@ class Admission:
                 params=params,
                 max_new_tokens=max_new_tokens,
                 group_id=rid,
-                seed=params.seed + i if params.seed is not None else self._rng.getrandbits(63),
+                seed=seeds[i]
+                if seeds is not None
+                else params.seed + i
+                if params.seed is not None
+                else self._rng.getrandbits(63),
                 stop_ids=frozenset(stop_ids),
                 cell=OutputCell(signal, wake_every=wake_every),
             )

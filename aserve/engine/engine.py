@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from types import TracebackType
 from typing import Any
@@ -25,20 +25,21 @@ from aserve.device.events import CpuStream, CudaEventWaiter, LoopWaker
 from aserve.device.future_map import FutureMap
 from aserve.device.runner import ModelRunner
 from aserve.device.step import Step
-from aserve.engine.admission import Admission, Prompt
+from aserve.engine.admission import Admission, AdmissionLimits, Prompt
 from aserve.engine.commit import Committer
 from aserve.engine.recorder import StepRecorder
 from aserve.engine.setup import LoadedEngine, load_engine_parts, load_on_stream
 from aserve.engine.step_loop import StepLoop
-from aserve.engine.stream import RequestStream, stream_deltas
+from aserve.engine.stream import RequestStream, collect_result, stream_deltas
 from aserve.errors import EngineClosedError
 from aserve.kv.allocator import LedgerView
 from aserve.logs import get_logger
-from aserve.outputs import CompletionOutput, CompletionResult, Delta, TokenLogprob, Usage
+from aserve.outputs import CompletionResult, Delta
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.policy import Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
 from aserve.stats import EngineStats, StepRecord, TraceWriter
+from aserve.sync import Signal
 from aserve.tokenizer.tokenizer import Tokenizer
 
 log = get_logger("aserve.engine")
@@ -118,7 +119,18 @@ class Engine:
         self._recorder = StepRecorder(trace, runner.device_clock)
         self._loop = StepLoop(self.scheduler, runner, self.committer, self._recorder,
                               pipeline_depth=cfg.pipeline_depth, debug=cfg.debug)  # fmt: skip
-        self._admission = Admission(parts, cfg)
+        self._admission = Admission(
+            AdmissionLimits(
+                vocab_size=parts.model_config.vocab_size,
+                max_context=parts.pool.max_context,
+                kv_tokens=parts.pool.total_tokens,
+                eos_token_ids=parts.eos_token_ids,
+                max_waiting_requests=cfg.max_waiting_requests,
+                stream_interval=cfg.stream_interval,
+            ),
+            parts.tokenizer,
+            cfg.seed,
+        )
         await self._exit.enter_async_context(self._loop.running())
         log.info("engine_started", **self._started_fields())
         if cfg.warmup:
@@ -191,6 +203,14 @@ class Engine:
     def runner(self) -> ModelRunner:
         return self._loop.runner
 
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self._require().eos_token_ids
+
+    def abort(self, req: Req) -> None:
+        """End a submitted request now (``finish_reason == "abort"``); its KV returns at the next safe point."""
+        self._loop.abort(req)
+
     def info(self) -> dict[str, Any]:
         parts, cfg = self._require(), self.config
         pool = parts.pool
@@ -232,40 +252,9 @@ class Engine:
         Cancelling the calling task aborts the request and frees its KV at the next commit.
         Raises :class:`InvalidRequestError` (or a subclass) for bad input, before anything runs.
         """
-        params = params or SamplingParams()
-        # Woken once per finished choice, not per token, and token ids only while it runs:
-        # the text is decoded once at the end, off the loop's per-step path.
-        reqs = self._submit(prompt, params, request_id, whole=True)
-        outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason=None) for i in range(params.n)]
-        logprobs: list[list[TokenLogprob]] = [[] for _ in range(params.n)]
-        tok = self.tokenizer
-        async with contextlib.aclosing(stream_deltas(reqs, tok, self._loop.abort, detokenize=False)) as stream:
-            async for delta in stream:
-                out = outputs[delta.index]
-                out.token_ids.extend(delta.token_ids)
-                if delta.logprobs:
-                    logprobs[delta.index].extend(delta.logprobs)
-                if delta.finish_reason is not None:
-                    out.finish_reason = delta.finish_reason
-                    out.stop_reason = delta.stop_reason
-        for req, out, lps in zip(reqs, outputs, logprobs, strict=True):
-            text = tok.decode(out.token_ids, params.skip_special_tokens)
-            limit = req.cell.text_limit if req.cell is not None else None
-            out.text = text if limit is None else text[:limit]
-            out.logprobs = lps if params.logprobs is not None else None
-        first = reqs[0]
-        metrics: dict[str, float] = {}
-        if first.first_token_time is not None:
-            metrics["ttft_s"] = first.first_token_time - first.arrival
-        if first.finish_time is not None:
-            metrics["e2e_s"] = first.finish_time - first.arrival
-        return CompletionResult(
-            request_id=first.group_id,
-            prompt_token_ids=list(first.prompt_ids),
-            outputs=outputs,
-            usage=Usage(len(first.prompt_ids), sum(len(o.token_ids) for o in outputs), first.cached_prompt_tokens),
-            metrics=metrics,
-        )
+        # Woken once per finished choice, not per token, and token ids only while it runs.
+        reqs = self.submit(prompt, params or SamplingParams(), request_id, whole=True)
+        return await collect_result(reqs, self.tokenizer, self.abort)
 
     async def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
@@ -278,10 +267,10 @@ class Engine:
         flight still reads it. A plain ``break`` out of ``async for`` leaves the generator
         to be closed when it is collected; use ``aclosing`` for a deterministic abort.
         """
-        reqs = self._submit(prompt, params or SamplingParams(), request_id)
+        reqs = self.submit(prompt, params or SamplingParams(), request_id)
         # aclosing: when our consumer stops early, close the inner generator now, so its
         # ``finally`` aborts the request at once instead of whenever it is collected.
-        async with contextlib.aclosing(stream_deltas(reqs, self.tokenizer, self._loop.abort)) as stream:
+        async with contextlib.aclosing(stream_deltas(reqs, self.tokenizer, self.abort)) as stream:
             async for delta in stream:
                 yield delta
 
@@ -294,8 +283,8 @@ class Engine:
         and to start the response at once. ``await stream.aclose()`` aborts the request
         whether or not iteration has started.
         """
-        reqs = self._submit(prompt, params or SamplingParams(), request_id)
-        return RequestStream(reqs, self.tokenizer, self._loop.abort)
+        reqs = self.submit(prompt, params or SamplingParams(), request_id)
+        return RequestStream(reqs, self.tokenizer, self.abort)
 
     def watch_steps(self) -> contextlib.AbstractAsyncContextManager[MemoryObjectReceiveStream[Step]]:
         """``async with engine.watch_steps() as steps: async for step in steps: ...``: every
@@ -364,9 +353,22 @@ class Engine:
             raise EngineClosedError("the engine is not started; use `async with Engine(...)`")
         return self._parts
 
-    def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None, *, whole: bool = False
-                ) -> list[Req]:  # fmt: skip
-        """Admit (validate, or raise a typed error) and hand the requests to the step loop."""
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None = None,
+        *,
+        whole: bool = False,
+        seeds: Sequence[int] | None = None,
+        signal: Signal | None = None,
+    ) -> list[Req]:
+        """Admit (validate, or raise a typed error) and hand the requests to the step loop.
+
+        The low-level door under ``complete``/``generate``/``open_stream`` (and the engine
+        core's, for requests from front-end processes: ``seeds`` chosen there, ``signal`` shared
+        by all of one front end's requests). Returns the ``n`` choices' requests, whose output
+        cells fill as steps commit; ``abort(req)`` ends one."""
         self._require()
         if self._closed:
             raise EngineClosedError("the engine is shutting down; no new requests are accepted")
@@ -374,7 +376,9 @@ class Engine:
             raise EngineClosedError(f"the engine stopped after a device error: {self._loop.broken}")
         # Requests submitted but not yet admitted (some still in the ingest channel) count too.
         waiting = sum(1 for r in self._loop.live if r.row is None)
-        reqs = self._admission.make_requests(prompt, params, request_id, waiting=waiting, whole=whole)
+        reqs = self._admission.make_requests(
+            prompt, params, request_id, waiting=waiting, whole=whole, seeds=seeds, signal=signal
+        )
         trace = self._recorder.trace
         for r in reqs:
             if trace is not None:

@@ -8,11 +8,12 @@ still begin a stop string. Leaving the stream early aborts its requests.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable
+import contextlib
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from aserve.engine.cell import OutputCell
 from aserve.errors import AserveError, RequestAbortedError
-from aserve.outputs import Delta
+from aserve.outputs import CompletionOutput, CompletionResult, Delta, TokenLogprob, Usage
 from aserve.scheduler.req import Req
 from aserve.tokenizer.detokenizer import IncrementalDetokenizer
 from aserve.tokenizer.tokenizer import Tokenizer
@@ -85,13 +86,63 @@ async def stream_deltas(
                 abort(req)
 
 
+async def collect_result(reqs: list[Req], tokenizer: Tokenizer, abort: Callable[[Req], None]) -> CompletionResult:
+    """Read submitted ``reqs`` to the end (token ids only while they run; the text is decoded
+    once at the end, off the loop's per-step path) and return the whole result. Cancelling the
+    caller aborts them."""
+    params = reqs[0].params
+    outputs = [CompletionOutput(index=i, text="", token_ids=[], finish_reason=None) for i in range(len(reqs))]
+    logprobs: list[list[TokenLogprob]] = [[] for _ in reqs]
+    async with contextlib.aclosing(stream_deltas(reqs, tokenizer, abort, detokenize=False)) as stream:
+        async for delta in stream:
+            out = outputs[delta.index]
+            out.token_ids.extend(delta.token_ids)
+            if delta.logprobs:
+                logprobs[delta.index].extend(delta.logprobs)
+            if delta.finish_reason is not None:
+                out.finish_reason = delta.finish_reason
+                out.stop_reason = delta.stop_reason
+    for req, out, lps in zip(reqs, outputs, logprobs, strict=True):
+        text = tokenizer.decode(out.token_ids, params.skip_special_tokens)
+        limit = cell_of(req).text_limit
+        out.text = text if limit is None else text[:limit]
+        out.logprobs = lps if params.logprobs is not None else None
+    first = reqs[0]
+    metrics: dict[str, float] = {}
+    if first.first_token_time is not None:
+        metrics["ttft_s"] = first.first_token_time - first.arrival
+    if first.finish_time is not None:
+        metrics["e2e_s"] = first.finish_time - first.arrival
+    return CompletionResult(
+        request_id=first.group_id,
+        prompt_token_ids=list(first.prompt_ids),
+        outputs=outputs,
+        usage=Usage(len(first.prompt_ids), sum(len(o.token_ids) for o in outputs), first.cached_prompt_tokens),
+        metrics=metrics,
+    )
+
+
 class RequestStream:
     """Deltas of a submitted request (``Engine.open_stream``); ``aclose`` aborts it."""
 
-    def __init__(self, reqs: list[Req], tokenizer: Tokenizer, abort: Callable[[Req], None]) -> None:
+    def __init__(
+        self,
+        reqs: list[Req],
+        tokenizer: Tokenizer,
+        abort: Callable[[Req], None],
+        admitted: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self._reqs = reqs
         self._abort = abort
+        self._admitted = admitted
         self._gen = stream_deltas(reqs, tokenizer, abort)
+
+    async def admitted(self) -> None:
+        """Returns once the engine took the request, or raises the typed error it refused it
+        with. An embedded engine admits in ``open_stream`` itself; an engine core in another
+        process answers over IPC (a 429 must still come before the response's headers)."""
+        if self._admitted is not None:
+            await self._admitted()
 
     @property
     def request_id(self) -> str:

@@ -7,6 +7,7 @@ the listener is up while the model loads and ``/health`` can answer 503 until it
 from __future__ import annotations
 
 import hmac
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -36,6 +37,8 @@ class RequestContext:
     def __init__(self, app: ASGIApp, settings: ServerSettings) -> None:
         self.app = app
         self.settings = settings
+        # In a front-end process, its name (the core's name for it too): "fe-<pid>".
+        self.front_end = f"fe-{os.getpid()}" if settings.core_address is not None else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -51,7 +54,10 @@ class RequestContext:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
-                MutableHeaders(scope=message)["X-Request-Id"] = rid
+                headers = MutableHeaders(scope=message)
+                headers["X-Request-Id"] = rid
+                if self.front_end is not None:  # which front-end process answered (api workers)
+                    headers["X-Aserve-Front-End"] = self.front_end
             await send(message)
 
         with structlog.contextvars.bound_contextvars(request_id=rid):
@@ -91,10 +97,13 @@ def create_app(
     api_key: str | None = None,
     served_model_name: str = "gemma-3-270m",
     max_body_bytes: int = 1 << 20,
+    core_address: str | None = None,
 ) -> Starlette:
+    """The app; with ``core_address`` its engine is the engine core of another process
+    (``aserve serve --api-workers N``), else an embedded ``Engine``."""
     from starlette.middleware import Middleware
 
-    settings = ServerSettings(config, api_key, served_model_name, max_body_bytes)
+    settings = ServerSettings(config, api_key, served_model_name, max_body_bytes, core_address)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:

@@ -7,6 +7,7 @@ so they can never drift from the engine's own ledger.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 
@@ -88,9 +89,21 @@ class ServerMetrics:
         self.e2e = Histogram(
             "aserve_e2e_request_latency_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r
         )
-        r.register(_EngineCollector(stats))
+        self._engine = _EngineCollector(stats)
+        r.register(self._engine)
 
     def render(self) -> bytes:
+        """The exposition text. With front ends in several processes (``PROMETHEUS_MULTIPROC_DIR``
+        set by ``aserve serve --api-workers N``), every front end's request metrics, summed from
+        prometheus-client's per-process files, plus the engine core's gauges and counters from
+        its latest heartbeat: one view whichever front end answers."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            from prometheus_client import multiprocess
+
+            merged = CollectorRegistry()
+            multiprocess.MultiProcessCollector(merged)
+            merged.register(self._engine)
+            return generate_latest(merged)
         return generate_latest(self.registry)
 
     def timer(self, endpoint: str) -> RequestTimer:

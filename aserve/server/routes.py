@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -16,6 +17,7 @@ from starlette.routing import Route
 from aserve import __version__
 from aserve.engine import Engine
 from aserve.errors import ContextLengthError, InvalidRequestError
+from aserve.ipc.client import EngineClient
 from aserve.outputs import Delta, Usage
 from aserve.sampling_params import SamplingParams
 from aserve.server.errors import APIError
@@ -36,6 +38,9 @@ from aserve.server.sse import SSEResponse, stream_events
 from aserve.server.state import ServerState
 from aserve.tokenizer.chat import apply_chat_template
 from aserve.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from aserve.ipc.client import EngineClient
 
 T = TypeVar("T")
 
@@ -71,7 +76,7 @@ def _check_model(server: ServerState, name: str) -> None:
         )
 
 
-def _check_length(engine: Engine, prompt_len: int, requested: int | None) -> None:
+def _check_length(engine: Engine | EngineClient, prompt_len: int, requested: int | None) -> None:
     # Explicit max_tokens that cannot fit is a client error (as with OpenAI), not a silent cap.
     ctx = engine.max_context
     if requested is not None and prompt_len < ctx and prompt_len + requested > ctx:
@@ -160,6 +165,7 @@ async def _generate(
             # Validates and submits synchronously: admission errors (context, queue full)
             # still get a real status, and the response starts at once.
             gen = engine.open_stream(ids, params, request_id=rid)
+            await gen.admitted()  # an engine core in another process answers over IPC
             timer.admitted(len(ids))
             maker = (
                 _ChatChunks(tok, rid, req.model, params.n, want_lps)
@@ -251,7 +257,11 @@ async def health(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    return Response(_server(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    server = _server(request)
+    refresh = getattr(server.engine, "refresh_stats", None)  # an engine core in another process
+    if refresh is not None:
+        await refresh()
+    return Response(server.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 async def flush_cache(request: Request) -> Response:
@@ -260,6 +270,8 @@ async def flush_cache(request: Request) -> Response:
     if not server.ready or server.engine is None:
         raise APIError(503, "the engine is not ready", "engine_closed")
     freed = server.engine.flush_cache()
+    if inspect.isawaitable(freed):  # the engine core of another process answers over IPC
+        freed = await freed
     if freed < 0:
         raise APIError(409, "requests are running; flush the cache when the server is idle", "conflict")
     return JSONResponse({"flushed_tokens": freed})

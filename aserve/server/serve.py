@@ -39,6 +39,13 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         default=30.0,
         help="seconds running requests get to finish after SIGTERM/SIGINT",
     )
+    p.add_argument(
+        "--api-workers",
+        type=int,
+        default=None,
+        help="HTTP front-end processes around the engine core (0: one process, as embedded); "
+        "default: with CUDA one per two spare cores up to 8, on a CPU 0",
+    )
     add_engine_args(p)
     p.set_defaults(handler=run_serve)
     return p
@@ -49,6 +56,23 @@ def run_serve(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     # An empty key would accept an empty token, so treat it as "no key given".
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    from aserve.ipc.launcher import default_api_workers, serve_with_front_ends
+
+    workers = args.api_workers if args.api_workers is not None else default_api_workers(config)
+    if workers > 0:
+        return asyncio.run(
+            serve_with_front_ends(
+                config,
+                workers=workers,
+                host=args.host,
+                port=args.port,
+                api_key=api_key,
+                served_model_name=args.served_model_name or config.model,
+                max_body_bytes=args.max_body_bytes,
+                shutdown_timeout=args.shutdown_timeout,
+                log_format=args.log_format,
+            )
+        )
     return asyncio.run(
         serve(
             config,
@@ -71,14 +95,21 @@ async def serve(
     served_model_name: str = "gemma-3-270m",
     max_body_bytes: int = 1 << 20,
     shutdown_timeout: float = 30.0,
+    sockets: Any = None,
+    core_address: str | None = None,
 ) -> int:
-    from hypercorn.asyncio import serve as hypercorn_serve
+    """Serve until a signal (then drain) or until the engine ends. ``sockets`` (listening
+    sockets made by a parent process) and ``core_address`` (its engine core): a front end of
+    ``aserve serve --api-workers N``."""
+    from hypercorn.app_wrappers import ASGIWrapper
+    from hypercorn.asyncio.run import worker_serve
     from hypercorn.config import Config
 
     from aserve.server.app import create_app
     from aserve.server.state import ServerState
 
-    app = create_app(config, api_key=api_key, served_model_name=served_model_name, max_body_bytes=max_body_bytes)
+    app = create_app(config, api_key=api_key, served_model_name=served_model_name, max_body_bytes=max_body_bytes,
+                     core_address=core_address)  # fmt: skip
     hc = Config()
     hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     # Our own drain has already ended every request by the time Hypercorn waits on connections.
@@ -108,9 +139,10 @@ async def serve(
         if state.load_error is None:
             await state.drain(shutdown_timeout)
 
-    log.info("serving", host=host, port=port, model=served_model_name, auth=api_key is not None)
+    if core_address is None:
+        log.info("serving", host=host, port=port, model=served_model_name, auth=api_key is not None)
     try:
-        await hypercorn_serve(app, hc, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
+        await worker_serve(ASGIWrapper(app), hc, sockets=sockets, shutdown_trigger=shutdown_trigger)  # type: ignore[arg-type]
     finally:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -6,6 +6,7 @@ Built by the app's lifespan (``app.py``) and reached by the routes as ``request.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import anyio
 
@@ -16,6 +17,9 @@ from aserve.server.errors import RETRY_AFTER_S, APIError
 from aserve.server.metrics import ServerMetrics
 from aserve.stats import EngineStats
 
+if TYPE_CHECKING:
+    from aserve.ipc.client import EngineClient
+
 log = get_logger("aserve.server")
 
 
@@ -25,6 +29,7 @@ class ServerSettings:
     api_key: str | None
     served_model_name: str
     max_body_bytes: int
+    core_address: str | None = None  # the engine core's ZeroMQ address, when it runs in another process
 
 
 class ServerState:
@@ -32,7 +37,7 @@ class ServerState:
 
     def __init__(self, settings: ServerSettings) -> None:
         self.settings = settings
-        self.engine: Engine | None = None
+        self.engine: Engine | EngineClient | None = None
         self.ready = False
         self.draining = False
         self.active = 0  # admitted requests whose response has not finished
@@ -48,7 +53,7 @@ class ServerState:
     def model_names(self) -> set[str]:
         return {self.settings.served_model_name, self.settings.config.model}
 
-    def admit(self) -> Engine:
+    def admit(self) -> Engine | EngineClient:
         """The engine for a new request, or a 503 telling the client to come back."""
         retry = {"Retry-After": RETRY_AFTER_S}
         if self.draining:
@@ -85,12 +90,11 @@ class ServerState:
 
     async def run_engine(self) -> None:
         try:
-            async with Engine(self.settings.config) as engine:
-                self.engine = engine
-                self.ready = True
-                log.info("server_ready", model=self.settings.served_model_name, max_context=engine.max_context)
-                await self.stop.wait()
-                self.ready = False
+            if self.settings.core_address is not None:
+                await self._run_client(self.settings.core_address)
+            else:
+                async with Engine(self.settings.config) as engine:
+                    await self._serve_with(engine)
         except Exception as exc:
             # Kept, not raised: raising here would tear down the lifespan with a traceback
             # where `aserve serve` wants to print one line and exit non-zero.
@@ -99,3 +103,27 @@ class ServerState:
         finally:
             self.ready = False
             self.stopped.set()
+
+    async def _serve_with(self, engine: Engine | EngineClient) -> None:
+        self.engine = engine
+        self.ready = True
+        log.info("server_ready", model=self.settings.served_model_name, max_context=engine.max_context)
+        await self.stop.wait()
+        self.ready = False
+
+    async def _run_client(self, address: str) -> None:
+        from aserve.ipc.client import EngineClient
+
+        cfg = self.settings.config
+        client = EngineClient(address, stream_interval=cfg.stream_interval, seed=cfg.seed)
+
+        async def core_watch() -> None:
+            await client.dead.wait()
+            self.ready = False  # 503 at once, before the drain ends the process
+            self.load_error = client.broken
+            self.stop.set()
+
+        async with client, anyio.create_task_group() as tg:
+            tg.start_soon(core_watch, name="aserve.server.core_watch")
+            await self._serve_with(client)
+            tg.cancel_scope.cancel()

@@ -22,9 +22,12 @@ from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess, metric, pa
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess("--max-body-bytes", "65536", log_path=tmp_path_factory.mktemp("srv") / "server.log")
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "api-workers-2"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Every test runs against both shapes of ``aserve serve``: the engine and the HTTP app in
+    one process, and the engine core with two front-end processes over ZeroMQ."""
+    srv = ServerProcess("--max-body-bytes", "65536", "--api-workers", request.param,
+                        log_path=tmp_path_factory.mktemp("srv") / "server.log")  # fmt: skip
     try:
         srv.wait_ready()
         yield srv

@@ -33,9 +33,11 @@ async def _stream(http: httpx.AsyncClient, max_tokens: int, started: asyncio.Eve
     return parse_sse(raw)
 
 
-async def test_sigterm_drains_streams(tmp_path: Path) -> None:
+@pytest.mark.parametrize("api_workers", ["0", "2"], ids=["one-process", "api-workers-2"])
+async def test_sigterm_drains_streams(tmp_path: Path, api_workers: str) -> None:
     # A grace period that a loaded machine still finishes 4 tokens in; 3000 tokens never fit it.
-    srv = ServerProcess("--shutdown-timeout", "8", "--max-waiting-requests", "32", log_path=tmp_path / "server.log")
+    srv = ServerProcess("--shutdown-timeout", "8", "--max-waiting-requests", "32", "--api-workers", api_workers,
+                        log_path=tmp_path / "server.log")  # fmt: skip
     try:
         srv.wait_ready()
         assert srv.saw_loading, "/health should answer 503 while the model loads"

@@ -1,0 +1,355 @@
+"""The front end's side of the wire: ``EngineClient``, an engine core in another process.
+
+The server calls it as it calls an :class:`aserve.Engine` (``open_stream``, ``complete``,
+``stats``, ``tokenizer``, ``max_context``). Requests are validated and tokenized here with the
+same :class:`~aserve.engine.admission.Admission` the engine uses (the core's limits arrive
+in its ``Welcome``), then sent as ``Add``; the core's ``Outputs`` messages fill the same
+output cells a local engine fills, so streams, detokenization, stop-string text limits and
+``complete`` are the engine's own code (``aserve/engine/stream.py``).
+
+If the core stops answering (no ``Status`` for ``CORE_TIMEOUT_S``), every request fails with
+:class:`EngineClosedError` and ``dead`` is set: the server answers 503 and exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import os
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import zmq
+import zmq.asyncio
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from aserve import errors
+from aserve.engine.admission import Admission, AdmissionLimits, Prompt
+from aserve.engine.setup import load_tokenizer
+from aserve.engine.stream import RequestStream, collect_result
+from aserve.errors import AserveError, EngineClosedError
+from aserve.ipc import messages as m
+from aserve.logs import get_logger
+from aserve.outputs import CompletionResult, TokenLogprob
+from aserve.sampling_params import SamplingParams
+from aserve.scheduler.req import Req
+from aserve.stats import EngineStats
+from aserve.tokenizer.tokenizer import Tokenizer
+
+log = get_logger("aserve.front_end")
+
+HEARTBEAT_S = 1.0
+CORE_TIMEOUT_S = 3.0
+
+
+def error_from(name: str, message: str, param: str | None = None) -> AserveError:
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, AserveError)):
+        cls = errors.RequestAbortedError
+    if issubclass(cls, errors.InvalidRequestError):
+        return cls(message, param=param)
+    return cls(message)
+
+
+class EngineClient:
+    def __init__(self, address: str, *, stream_interval: int = 1, seed: int | None = None) -> None:
+        self.address = address
+        self.stream_interval = stream_interval
+        self.seed = seed
+        self.identity = f"fe-{os.getpid()}".encode()
+        self.dead = anyio.Event()  # the core stopped answering
+        self.broken: BaseException | None = None
+        self.live: dict[str, list[Req]] = {}
+        self._admitted: dict[str, anyio.Event] = {}
+        self._rejected: dict[str, AserveError] = {}
+        self._replies: dict[int, Any] = {}
+        self._reply_events: dict[int, anyio.Event] = {}
+        self._qids = itertools.count()
+        self._status: m.Status | None = None
+        self._last_status = 0.0
+        self._welcome: m.Welcome | None = None
+        self._welcomed = anyio.Event()
+        self._exit = AsyncExitStack()
+        self._closed = False
+        self._outbox: MemoryObjectSendStream[m.ToCore] | None = None
+
+    # -- lifecycle ----------------------------------------------------------------
+
+    async def __aenter__(self) -> EngineClient:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self, welcome_timeout_s: float = 3600.0) -> None:
+        """Connect and wait for the core's ``Welcome`` (the core may still be loading the model)."""
+        ctx = zmq.asyncio.Context()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.IDENTITY, self.identity)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.address)
+        self._ctx, self._sock = ctx, sock
+        await self._exit.enter_async_context(self._running())
+        with anyio.fail_after(welcome_timeout_s):
+            await self._welcomed.wait()
+        w = self._welcome
+        assert w is not None
+        self._tokenizer = await anyio.to_thread.run_sync(load_tokenizer, Path(w.model_path))
+        limits = AdmissionLimits(
+            vocab_size=w.vocab_size,
+            max_context=w.max_context,
+            kv_tokens=w.kv_tokens,
+            eos_token_ids=tuple(w.eos_token_ids),
+            max_waiting_requests=w.max_waiting_requests,
+            stream_interval=self.stream_interval,
+        )
+        self._admission = Admission(limits, self._tokenizer, self.seed)
+        log.info("front_end_connected", core=self.address, model=w.model)
+
+    @asynccontextmanager
+    async def _running(self) -> AsyncIterator[None]:
+        send, recv = anyio.create_memory_object_stream[m.ToCore](math.inf)
+        self._outbox = send
+        try:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._send_loop, recv, name="aserve.front_end.send")
+                tg.start_soon(self._receive_loop, name="aserve.front_end.receive")
+                tg.start_soon(self._heartbeat_loop, name="aserve.front_end.heartbeat")
+                tg.start_soon(self._monitor_loop, name="aserve.front_end.monitor")
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            self._outbox = None
+            self._sock.close(linger=0)
+            self._ctx.term()
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for reqs in list(self.live.values()):
+            for req in reqs:
+                if not req.finished:
+                    self._finish(req, "abort")
+        with contextlib.suppress(Exception), anyio.move_on_after(1):
+            await self._sock.send(m.encode(m.Bye()))
+        await self._exit.aclose()
+
+    # -- what the server calls ----------------------------------------------------
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self._tokenizer
+
+    @property
+    def max_context(self) -> int:
+        assert self._welcome is not None
+        return self._welcome.max_context
+
+    @property
+    def ready(self) -> bool:
+        return self._welcome is not None and self.broken is None and not self._closed
+
+    def info(self) -> dict[str, Any]:
+        assert self._welcome is not None
+        return dict(self._welcome.info)
+
+    def stats(self) -> EngineStats | None:
+        """The core's stats as of its last heartbeat (at most ``STATUS_INTERVAL_S`` old)."""
+        if self._status is None:
+            return None
+        return EngineStats(**self._status.stats)
+
+    def open_stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> RequestStream:
+        """Validate here, submit to the core; ``await stream.admitted()`` raises what the core refused."""
+        reqs = self._submit(prompt, params or SamplingParams(), request_id, whole=False)
+        rid = reqs[0].group_id
+        return RequestStream(reqs, self._tokenizer, self.abort, admitted=lambda: self._wait_admitted(rid))
+
+    async def complete(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> CompletionResult:
+        reqs = self._submit(prompt, params or SamplingParams(), request_id, whole=True)
+        await self._wait_admitted(reqs[0].group_id)
+        return await collect_result(reqs, self._tokenizer, self.abort)
+
+    async def flush_cache(self) -> int:
+        return int(await self._query("flush_cache"))
+
+    async def refresh_stats(self) -> None:
+        """Ask the core for its stats now (a scrape must not see a heartbeat-old ledger)."""
+        stats = await self._query("stats")
+        self._status = m.Status(ready=True, stats=stats)
+
+    def abort(self, req: Req) -> None:
+        """Abort every unfinished choice of ``req``'s request, here and in the core."""
+        reqs = self.live.pop(req.group_id, None)
+        if reqs is None:
+            return
+        for r in reqs:
+            if not r.finished:
+                self._finish(r, "abort")
+        self._post(m.Abort([req.group_id]))
+
+    # -- requests --------------------------------------------------------------------
+
+    def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None, *, whole: bool) -> list[Req]:
+        if self.broken is not None:
+            raise EngineClosedError(f"the engine core is unavailable: {self.broken}")
+        if self._closed or self._outbox is None:
+            raise EngineClosedError("the front end is shutting down; no new requests are accepted")
+        # The core owns the waiting queue and answers EngineOverloadedError itself.
+        reqs = self._admission.make_requests(prompt, params, request_id, waiting=0, whole=whole)
+        rid = reqs[0].group_id
+        self.live[rid] = reqs
+        self._admitted[rid] = anyio.Event()
+        self._post(m.Add(rid, list(reqs[0].prompt_ids), params, [r.seed for r in reqs]))
+        return reqs
+
+    async def _wait_admitted(self, rid: str) -> None:
+        event = self._admitted.get(rid)
+        if event is not None:
+            await event.wait()
+            self._admitted.pop(rid, None)
+        err = self._rejected.pop(rid, None)
+        if err is not None:
+            raise err
+
+    def _post(self, msg: m.ToCore) -> None:
+        if self._outbox is not None:
+            self._outbox.send_nowait(msg)
+
+    async def _query(self, what: str) -> Any:
+        qid = next(self._qids)
+        self._reply_events[qid] = event = anyio.Event()
+        self._post(m.Query(qid, what))
+        with anyio.fail_after(30):
+            await event.wait()
+        self._reply_events.pop(qid, None)
+        return self._replies.pop(qid)
+
+    def _finish(self, req: Req, reason: str, stop_reason: str | int | None = None) -> None:
+        req.finish_reason = reason  # type: ignore[assignment]
+        req.stop_reason = stop_reason
+        req.finish_time = time.perf_counter()
+        if req.cell is not None:
+            req.cell.finish(req.finish_reason, stop_reason)  # type: ignore[arg-type]
+
+    # -- coroutines ------------------------------------------------------------------
+
+    async def _send_loop(self, recv: MemoryObjectReceiveStream[m.ToCore]) -> None:
+        async with recv:
+            async for msg in recv:
+                await self._sock.send(m.encode(msg))
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            self._post(m.Hello())
+            await anyio.sleep(HEARTBEAT_S)
+            if self._status is not None and time.monotonic() - self._last_status > CORE_TIMEOUT_S:
+                self._core_gone(f"no heartbeat from the engine core for {CORE_TIMEOUT_S:.0f} s")
+                return
+
+    async def _monitor_loop(self) -> None:
+        """The core's end of the connection closing is the core's death: notice it at once
+        (the missing heartbeat is the backstop)."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        monitor = self._sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            while True:
+                event = parse_monitor_message(await monitor.recv_multipart())
+                if event["event"] == zmq.EVENT_DISCONNECTED and self._welcome is not None:
+                    self._core_gone("the connection to the engine core closed")
+                    return
+        finally:
+            self._sock.disable_monitor()
+            monitor.close(linger=0)
+
+    def _core_gone(self, why: str) -> None:
+        if self.dead.is_set():
+            return
+        log.error("engine_core_gone", reason=why)
+        self.broken = EngineClosedError(f"the engine core is unavailable ({why})")
+        for reqs in list(self.live.values()):
+            for req in reqs:
+                if req.cell is not None and not req.finished:
+                    req.finish_reason = "abort"
+                    req.cell.fail(self.broken)
+        self.live.clear()
+        for event in self._admitted.values():
+            event.set()
+        self.dead.set()
+
+    async def _receive_loop(self) -> None:
+        while True:
+            msg = m.decode_to_front_end(await self._sock.recv())
+            if isinstance(msg, m.Outputs):
+                self._deliver(msg.items)
+            elif isinstance(msg, m.Status):
+                self._status = msg
+                self._last_status = time.monotonic()
+            elif isinstance(msg, m.Accepted):
+                event = self._admitted.get(msg.rid)
+                if event is not None:
+                    event.set()
+            elif isinstance(msg, m.Rejected):
+                err = error_from(msg.error, msg.message, msg.param)
+                self._rejected[msg.rid] = err
+                for req in self.live.pop(msg.rid, ()):
+                    req.finish_reason = "abort"
+                    if req.cell is not None:
+                        req.cell.fail(err)
+                event = self._admitted.get(msg.rid)
+                if event is not None:
+                    event.set()
+            elif isinstance(msg, m.Welcome):
+                self._welcome = msg
+                self._last_status = time.monotonic()
+                self._welcomed.set()
+            elif isinstance(msg, m.Reply):
+                self._replies[msg.qid] = msg.value
+                event = self._reply_events.get(msg.qid)
+                if event is not None:
+                    event.set()
+
+    def _deliver(self, items: Sequence[m.Output]) -> None:
+        """The core's outputs into the same cells a local engine fills."""
+        now = time.perf_counter()
+        for item in items:
+            reqs = self.live.get(item.rid)
+            if reqs is None:
+                continue  # aborted here meanwhile
+            req = reqs[item.index]
+            cell = req.cell
+            if cell is None or req.finished:
+                continue
+            req.cached_prompt_tokens = item.cached_tokens
+            if item.token_ids and req.first_token_time is None:
+                req.first_token_time = now
+            lps = item.logprobs
+            for k, token in enumerate(item.token_ids):
+                lp = None
+                if lps is not None:
+                    tid, logprob, top = lps[k]
+                    lp = TokenLogprob(tid, logprob, tuple((t, v) for t, v in top))
+                req.output_ids.append(token)
+                cell.push(token, lp)
+            if item.error is not None:
+                req.finish_reason = "abort"
+                cell.fail(error_from(item.error, item.error_message or item.error))
+            elif item.finish_reason is not None:
+                cell.text_limit = item.text_limit
+                self._finish(req, item.finish_reason, item.stop_reason)
+            if all(r.finished for r in reqs):
+                self.live.pop(item.rid, None)

@@ -1,0 +1,215 @@
+"""The engine core's side of the wire: requests in from the front ends, outputs back, batched.
+
+One ROUTER socket. Each front end (a DEALER whose identity names it) sends ``Add`` /
+``Abort`` / ``Query`` / ``Hello``; the core answers ``Welcome`` to a front end's first ``Hello``
+and sends every front end a ``Status`` heartbeat. A front end's requests share one wake-up
+signal, so its sender coroutine wakes once per step (the commit pushes a whole step's tokens
+synchronously) and sends one ``Outputs`` message with every choice that has something new:
+never one message per token.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import zmq
+import zmq.asyncio
+
+from aserve import errors
+from aserve.engine import Engine
+from aserve.errors import AserveError
+from aserve.ipc import messages as m
+from aserve.logs import get_logger
+from aserve.scheduler.req import Req
+from aserve.sync import Signal
+
+log = get_logger("aserve.core")
+
+STATUS_INTERVAL_S = 0.25
+FRONT_END_TIMEOUT_S = 5.0  # a front end silent this long is gone: its requests are aborted
+
+
+class _FrontEnd:
+    def __init__(self, identity: bytes) -> None:
+        self.identity = identity
+        self.live: dict[str, dict[int, Req]] = {}  # rid -> its choices not yet delivered in full
+        self.signal = Signal()
+        self.last_seen = time.monotonic()
+        self.wake = anyio.Event()  # the sender's first wake-up (a request arrived)
+
+
+class CoreService:
+    """Serves ``engine`` to front-end processes at ``address`` while ``running()`` is entered."""
+
+    def __init__(self, engine: Engine, address: str) -> None:
+        self.engine = engine
+        self.address = address
+        self.front_ends: dict[bytes, _FrontEnd] = {}
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a departed front end's messages are dropped
+        self._tg: anyio.abc.TaskGroup | None = None
+        self.messages_sent = 0
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[CoreService]:
+        self._sock.bind(self.address)
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                tg.start_soon(self._receive_loop, name="aserve.core.receive")
+                tg.start_soon(self._status_loop, name="aserve.core.status")
+                try:
+                    yield self
+                finally:
+                    tg.cancel_scope.cancel()
+        finally:
+            for fe in list(self.front_ends.values()):
+                self._abort_all(fe)
+            self._sock.close(linger=0)
+            self._ctx.term()
+
+    def drop(self, identity: bytes) -> None:
+        """A front end is gone (its process died, or it said ``Bye``): abort its requests."""
+        fe = self.front_ends.pop(identity, None)
+        if fe is not None:
+            n = self._abort_all(fe)
+            log.warning("front_end_gone", front_end=identity.decode(errors="replace"), aborted=n)
+
+    def _abort_all(self, fe: _FrontEnd) -> int:
+        n = 0
+        for choices in fe.live.values():
+            for req in choices.values():
+                if not req.finished:
+                    self.engine.abort(req)
+                    n += 1
+        fe.live.clear()
+        fe.signal.set()
+        return n
+
+    async def _send(self, fe: _FrontEnd, msg: m.ToFrontEnd) -> None:
+        await self._sock.send_multipart([fe.identity, m.encode(msg)])
+        self.messages_sent += 1
+
+    # -- coroutines ------------------------------------------------------------------
+
+    async def _receive_loop(self) -> None:
+        while True:
+            identity, data = await self._sock.recv_multipart()
+            fe = self.front_ends.get(identity)
+            if fe is None:
+                fe = self.front_ends[identity] = _FrontEnd(identity)
+                assert self._tg is not None
+                self._tg.start_soon(self._send_loop, fe, name=f"aserve.core.send[{identity.decode()}]")
+                await self._send(fe, self._welcome())
+            fe.last_seen = time.monotonic()
+            try:
+                msg = m.decode_to_core(data)
+            except Exception as exc:  # our own front ends send only valid messages; never crash the core
+                log.error("bad_message", front_end=identity.decode(errors="replace"), error=str(exc))
+                continue
+            if isinstance(msg, m.Add):
+                await self._add(fe, msg)
+            elif isinstance(msg, m.Abort):
+                for rid in msg.rids:
+                    for req in fe.live.pop(rid, {}).values():
+                        self.engine.abort(req)
+            elif isinstance(msg, m.Query):
+                await self._send(fe, m.Reply(msg.qid, self._answer(msg.what)))
+            elif isinstance(msg, m.Bye):
+                self.drop(identity)
+
+    async def _add(self, fe: _FrontEnd, msg: m.Add) -> None:
+        try:
+            reqs = self.engine.submit(msg.prompt_ids, msg.params, msg.rid, seeds=msg.seeds, signal=fe.signal)
+        except AserveError as exc:
+            await self._send(fe, m.Rejected(msg.rid, type(exc).__name__, str(exc), getattr(exc, "param", None)))
+            return
+        fe.live[msg.rid] = {r.index: r for r in reqs}
+        await self._send(fe, m.Accepted(msg.rid))
+
+    async def _send_loop(self, fe: _FrontEnd) -> None:
+        """One ``Outputs`` message per wake-up (per step) with every choice that has news."""
+        while self.front_ends.get(fe.identity) is fe:
+            items: list[m.Output] = []
+            for rid, choices in list(fe.live.items()):
+                for index, req in list(choices.items()):
+                    out = _take(rid, req)
+                    if out is None:
+                        continue
+                    items.append(out)
+                    if out.finish_reason is not None or out.error is not None:
+                        del choices[index]  # its last message
+                if not choices:
+                    del fe.live[rid]
+            if items:
+                await self._send(fe, m.Outputs(items))
+            else:
+                await fe.signal.wait()
+
+    async def _status_loop(self) -> None:
+        while True:
+            now = time.monotonic()
+            for fe in list(self.front_ends.values()):
+                if now - fe.last_seen > FRONT_END_TIMEOUT_S:
+                    self.drop(fe.identity)
+                    continue
+                status = m.Status(ready=True, stats=self.engine.stats().as_dict())
+                with contextlib.suppress(zmq.ZMQError):
+                    await self._send(fe, status)
+            await anyio.sleep(STATUS_INTERVAL_S)
+
+    def _welcome(self) -> m.Welcome:
+        e = self.engine
+        info = e.info()
+        return m.Welcome(
+            model=e.config.model,
+            model_path=info["model"],
+            vocab_size=e.model_config.vocab_size,
+            max_context=e.max_context,
+            kv_tokens=info["kv_tokens"],
+            eos_token_ids=list(e.eos_token_ids),
+            max_waiting_requests=e.config.max_waiting_requests,
+            info=info,
+        )
+
+    def _answer(self, what: str) -> object:
+        if what == "flush_cache":
+            return self.engine.flush_cache()
+        if what == "stats":
+            return self.engine.stats().as_dict()
+        return None
+
+
+def _take(rid: str, req: Req) -> m.Output | None:
+    """What a choice's cell holds that the front end has not seen, or None."""
+    cell = req.cell
+    if cell is None or not cell.ready():
+        return None
+    finished = cell.finished
+    ids, lps = cell.take_nowait()
+    if not ids and not finished:
+        return None
+    error = cell.error
+    return m.Output(
+        rid=rid,
+        index=req.index,
+        token_ids=ids,
+        finish_reason=cell.finish_reason if finished else None,
+        stop_reason=cell.stop_reason if finished else None,
+        text_limit=cell.text_limit if finished else None,
+        logprobs=[(lp.token_id, lp.logprob, list(lp.top)) for lp in lps] if req.params.logprobs is not None else None,
+        cached_tokens=req.cached_prompt_tokens,
+        error=None if error is None else type(error).__name__,
+        error_message=None if error is None else str(error),
+    )
+
+
+def error_class(name: str) -> type[AserveError]:
+    cls = getattr(errors, name, None)
+    return cls if isinstance(cls, type) and issubclass(cls, AserveError) else errors.RequestAbortedError
