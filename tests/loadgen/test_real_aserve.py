@@ -103,3 +103,18 @@ def test_overlap_ab_in_process(tmp_path: Path) -> None:
     side = result["server_side_by_side"]
     assert side["on"]["device_busy_s"] > 0 and side["off"]["device_busy_s"] > 0
     assert (tmp_path / "ab_overlap_cdf.png").exists()
+
+
+def test_client_processes_merge_into_one_run(server: ServerProcess, tmp_path: Path) -> None:
+    """--client-procs 3: three processes send a third each; one merged result on one clock."""
+    argv = ["run", "--base-url", server.base_url, "--api-key", API_KEY, "--num-requests", "12", "--rate", "inf"]
+    argv += ["--tokenizer", "gemma-3-270m", "--client-procs", "3", "--max-concurrency", "6"]
+    assert main([*argv, *SMALL, "--out", str(tmp_path), "--label", "fan"]) == 0
+    summary = json.loads((tmp_path / "fan.json").read_text())
+    assert summary["requests"]["completed"] == 12 and summary["requests"]["failed"] == 0
+    assert summary["tokens"]["output"] == 4 * 12 and summary["run"]["client_procs"] == 3
+    assert summary["server"]["output_tokens"] == 4 * 12  # the server saw exactly the merged run
+    shards = [json.loads((tmp_path / "fan_clients" / f"fan_client{i}.json").read_text()) for i in range(3)]
+    assert [s["requests"]["completed"] for s in shards] == [4, 4, 4]
+    sends = sorted(json.loads(line)["send_s"] for line in (tmp_path / "fan.jsonl").read_text().splitlines())
+    assert sends[0] >= 0 and sends[-1] < summary["run"]["wall_s"]  # one timeline across the processes

@@ -1,0 +1,159 @@
+"""The served path against the engine in process: ``aserve serve`` with and without front-end
+processes, on the same work, with the client spread over several processes.
+
+    python -m aserve.bench.served --out served.json [--api-workers 0,4] [--client-procs 4]
+        [--requests 512] [--concurrency 256] [--len 256] [--repeats 3] [--rates 8,32,128]
+
+Random weights in the Gemma 3 270M shape (``--tiny`` for a CPU smoke run). For each setting:
+output tok/s, failed streams, and the device's busy / idle time from the server's own counters
+over the run; then W3 (Poisson arrivals) TTFT / ITL. Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _loadgen(args: list[str], out: Path, label: str, env: dict[str, str]) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "loadgen", "run", *args, "--no-progress", "--no-plots", "--out", str(out),
+           "--label", label]  # fmt: skip
+    subprocess.run(cmd, check=True, env=env, timeout=1200)
+    return dict(json.loads((out / f"{label}.json").read_text()))
+
+
+def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
+    server = s.get("server") or {}
+    busy, gap = server.get("device_busy_s"), server.get("device_gap_s")
+    return {
+        "label": label,
+        "output_tok_s": s["throughput"]["output_tok_per_s"],
+        "completed": s["requests"]["completed"],
+        "failed": s["requests"]["failed"],
+        "device_busy_s": busy,
+        "device_gap_s": gap,
+        "device_idle_fraction": server.get("device_gap_fraction"),
+        "ttft_p50_ms": s["latency_s"]["ttft"]["p50"] * 1e3,
+        "ttft_p99_ms": s["latency_s"]["ttft"]["p99"] * 1e3,
+        "itl_p50_ms": s["latency_s"]["itl"]["p50"] * 1e3,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="served.json")
+    ap.add_argument("--work-dir", default="/tmp/aserve-bench")
+    ap.add_argument("--tokenizer-dir", default=".gpu")
+    ap.add_argument("--model", default=None, help="a checkpoint directory (default: random Gemma 3 270M shape)")
+    ap.add_argument("--tiny", action="store_true", help="tiny shapes and sizes (CPU smoke run)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--api-workers", default="0,4", help="front-end process counts to compare")
+    ap.add_argument("--client-procs", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=512)
+    ap.add_argument("--concurrency", type=int, default=256)
+    ap.add_argument("--len", type=int, default=256, help="prompt and output length")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--rates", default="8,32,128", help="W3 Poisson rates (empty: skip)")
+    ap.add_argument("--w3-requests", type=int, default=200)
+    ap.add_argument("--server-arg", action="append", default=[])
+    a = ap.parse_args()
+    work = Path(a.work_dir)
+    runs = work / "served-runs"
+    runs.mkdir(parents=True, exist_ok=True)
+    if a.model:
+        path = Path(a.model)
+    else:
+        from aserve.bench.checkpoints import build_checkpoint
+
+        path, _ = build_checkpoint("tiny-gemma3" if a.tiny else "gemma3-270m", work, Path(a.tokenizer_dir))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    n, conc, ln = a.requests, a.concurrency, a.len
+    work_args = ["--workload", "random", "--num-requests", str(n), "--input-len", str(ln), "--output-len", str(ln),
+                 "--seed", "1", "--tokenizer", str(path)]  # fmt: skip
+    engine_opts = [f"max_running_requests={conc}", f"device={a.device}", "dtype=bfloat16" if a.device == "cuda" else
+                   "dtype=float32"]  # fmt: skip
+    rows: list[dict[str, Any]] = []
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
+                              "torch": torch.__version__, "model": str(path), "rows": rows, "w3": []}  # fmt: skip
+    if a.device == "cuda":
+        result["gpu"] = torch.cuda.get_device_name()
+
+    def save() -> None:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+
+    # The engine in this machine's own process, the same requests, the same concurrency.
+    eng_args = ["--engine", "--engine-opt", f"model={path}"]
+    for opt in engine_opts:
+        eng_args += ["--engine-opt", opt]
+    s = _loadgen([*eng_args, *work_args, "--rate", "inf", "--max-concurrency", str(conc)], runs, "in_process", env)
+    rows.append(_row("in-process engine", s))
+    save()
+    for workers in [int(w) for w in a.api_workers.split(",") if w.strip()]:
+        port = _port()
+        base = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "aserve", "serve", "--model", str(path), "--port", str(port),
+               "--served-model-name", "bench", "--max-running-requests", str(conc), "--device", a.device,
+               "--api-workers", str(workers), *a.server_arg]  # fmt: skip
+        log = open(runs / f"server_w{workers}.log", "wb")  # noqa: SIM115 - closed below
+        server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
+        try:
+            deadline = time.monotonic() + 600
+            while True:
+                assert server.poll() is None, f"server exited: see {runs}/server_w{workers}.log"
+                try:
+                    if httpx.get(base + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "server not ready"
+                time.sleep(0.5)
+            http_args = ["--base-url", base, "--model", "bench", "--ready-timeout", "600"]
+            for rep in range(a.repeats):
+                label = f"served_w{workers}_r{rep}"
+                s = _loadgen([*http_args, *work_args, "--rate", "inf", "--max-concurrency", str(conc),
+                              "--client-procs", str(a.client_procs)], runs, label, env)  # fmt: skip
+                rows.append(_row(f"serve --api-workers {workers} (run {rep + 1})", s))
+                save()
+            for rate in [float(r) for r in a.rates.split(",") if r.strip()]:
+                label = f"w3_w{workers}_rate{rate:g}"
+                s = _loadgen([*http_args, "--workload", "random", "--num-requests", str(a.w3_requests), "--input-len",
+                              str(ln), "--output-len", str(ln), "--seed", "2", "--tokenizer", str(path), "--rate",
+                              str(rate), "--client-procs", str(a.client_procs)], runs, label, env)  # fmt: skip
+                result["w3"].append({"api_workers": workers, "rate": rate, **_row(label, s)})
+                save()
+        finally:
+            server.terminate()
+            server.wait(timeout=120)
+            log.close()
+    save()
+    print(f"\n{'run':<40} {'tok/s':>10} {'vs engine':>9} {'failed':>6} {'idle%':>6} {'ttft p50':>9}")
+    ref = rows[0]["output_tok_s"]
+    for r in rows:
+        idle = r["device_idle_fraction"]
+        print(f"{r['label']:<40} {r['output_tok_s']:>10,.0f} {r['output_tok_s'] / ref:>9.2f} {r['failed']:>6} "
+              f"{'' if idle is None else f'{100 * idle:.1f}':>6} {r['ttft_p50_ms']:>8.1f}ms")  # fmt: skip
+    for r in result["w3"]:
+        print(f"W3 api-workers={r['api_workers']} rate={r['rate']:g}: {r['output_tok_s']:,.0f} tok/s, TTFT p50/p99 "
+              f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, ITL p50 {r['itl_p50_ms']:.1f} ms")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

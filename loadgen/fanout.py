@@ -1,0 +1,114 @@
+"""``--client-procs K``: one run's requests sent from K client processes, merged into one result.
+
+A single Python client tops out near 10k SSE events/s, below what a fast server streams. The
+parent splits the workload round-robin into K shards (``--shard i/K``); each child runs
+``python -m loadgen run`` on its shard with the rate and the concurrency divided by K (K
+Poisson streams at rate/K are one Poisson stream at the rate). Records are put back on one
+clock (every child's ``t0_perf_counter`` is ``time.perf_counter()``, one monotonic clock per
+machine) and summarized as one run; the server's counters are read around the whole run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from loadgen import report
+from loadgen.honesty import warnings
+from loadgen.metrics import SLO, summarize
+from loadgen.records import RequestRecord
+from loadgen.server_view import delta, parse_prometheus
+
+
+def _child_args(argv: list[str], i: int, k: int, out: Path, label: str, rate: float, conc: int | None) -> list[str]:
+    """The parent's arguments for child ``i``: its shard, its share of the load, its own output."""
+    drop_value = {"--client-procs", "--out", "--label", "--rate", "--max-concurrency", "--shard"}
+    args: list[str] = []
+    skip = False
+    for tok in argv:
+        if skip:
+            skip = False
+            continue
+        name = tok.split("=", 1)[0]
+        if name in drop_value:
+            skip = "=" not in tok
+            continue
+        if tok in ("--no-plots", "--no-progress"):
+            continue
+        args.append(tok)
+    args += ["--shard", f"{i}/{k}", "--out", str(out), "--label", f"{label}_client{i}", "--no-plots", "--no-progress",
+             "--rate", str(rate / k) if math.isfinite(rate) else "inf"]  # fmt: skip
+    if conc is not None:
+        args += ["--max-concurrency", str(max(1, math.ceil(conc / k)))]
+    return args
+
+
+def _counters(base_url: str | None, api_key: str | None) -> dict[str, float] | None:
+    if base_url is None:
+        return None
+    try:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        return parse_prometheus(httpx.get(base_url.rstrip("/") + "/metrics", headers=headers, timeout=30).text)
+    except httpx.HTTPError:
+        return None
+
+
+def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
+    k = a.client_procs
+    out = Path(a.out)
+    shard_dir = out / f"{a.label}_clients"
+    before = _counters(a.base_url, a.api_key)
+    t0 = time.perf_counter()
+    cmds = [
+        [sys.executable, "-m", "loadgen", *_child_args(argv, i, k, shard_dir, a.label, a.rate, a.max_concurrency)]
+        for i in range(k)
+    ]
+    procs = [subprocess.Popen(cmd) for cmd in cmds]
+    codes = [p.wait() for p in procs]
+    wall = time.perf_counter() - t0
+    after = _counters(a.base_url, a.api_key)
+    if any(codes):
+        print(f"client processes exited with {codes}", file=sys.stderr)
+        return 1
+    shards = [json.loads((shard_dir / f"{a.label}_client{i}.json").read_text()) for i in range(k)]
+    start = min(s["run"]["t0_perf_counter"] for s in shards)
+    records: list[RequestRecord] = []
+    for i, s in enumerate(shards):
+        shift = s["run"]["t0_perf_counter"] - start
+        for line in (shard_dir / f"{a.label}_client{i}.jsonl").read_text().splitlines():
+            r = RequestRecord.from_dict(json.loads(line))
+            if r.warmup:
+                continue
+            for name in ("scheduled_s", "ready_s", "send_s", "done_s"):
+                v = getattr(r, name)
+                if v is not None:
+                    setattr(r, name, v + shift)
+            r.chunk_s = [t + shift for t in r.chunk_s]
+            records.append(r)
+    records.sort(key=lambda r: r.send_s or 0.0)
+    last = max((r.send_s or 0.0 for r in records), default=0.0)
+    fixed_len = a.range_ratio == 0 and a.ignore_eos
+    summary = summarize(records, SLO.parse(a.slo), last_send_s=last, expect_exact=bool(fixed_len))
+    # The client's honesty is its slowest process's: that one's lags, every process's beside.
+    views = [s["client"] for s in shards]
+    worst = max(views, key=lambda v: v["loop_lag_s"].get("p99") or 0.0)
+    summary["client"] = {**worst, "client_bottleneck": any(v["client_bottleneck"] for v in views),
+                         "processes": k, "per_process": views}  # fmt: skip
+    summary["warnings"] = warnings(summary)
+    summary["server"] = delta(before, after)
+    summary["run"] = {**shards[0]["run"], "label": a.label, "client_procs": k, "wall_s": wall,
+                      "shards": [s["run"]["label"] for s in shards]}  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_jsonl(records, out / f"{a.label}.jsonl")
+    report.write_json(summary, out / f"{a.label}.json")
+    from rich.console import Console
+
+    report.print_table(summary, Console())
+    return 0
