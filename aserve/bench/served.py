@@ -56,6 +56,46 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def engine_direct(path: Path, n: int, conc: int, ln: int, device: str) -> dict[str, Any]:
+    """The engine embedded, no client at all: ``n`` ``complete`` calls, ``conc`` at a time (the
+    ceiling a served path is measured against; the in-process loadgen run above also pays for
+    its client's per-token work on the same loop)."""
+    import random
+
+    import anyio
+
+    import aserve
+
+    async def run() -> dict[str, Any]:
+        dtype = "bfloat16" if device == "cuda" else "float32"
+        async with aserve.Engine(model=str(path), device=device, dtype=dtype, max_running_requests=conc) as engine:
+            rng = random.Random(1)
+            vocab = engine.model_config.vocab_size
+            prompts = [[rng.randrange(3, vocab) for _ in range(ln)] for _ in range(n)]
+            params = aserve.SamplingParams(max_tokens=ln, temperature=0, ignore_eos=True)
+            sem = anyio.Semaphore(conc)
+            tokens = 0
+
+            async def one(p: list[int]) -> None:
+                nonlocal tokens
+                async with sem:
+                    tokens += len((await engine.complete(p, params)).token_ids)
+
+            engine.reset_stats()
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for p in prompts:
+                    tg.start_soon(one, p)
+            wall = time.perf_counter() - t0
+            st = engine.stats()
+        busy, gap = st.device_busy_s, st.device_gap_s
+        return {"label": "engine.complete, no client", "output_tok_s": tokens / wall, "completed": n, "failed": 0,
+                "device_busy_s": busy, "device_gap_s": gap, "device_idle_fraction": gap / (busy + gap),
+                "ttft_p50_ms": float("nan"), "ttft_p99_ms": float("nan"), "itl_p50_ms": float("nan")}  # fmt: skip
+
+    return anyio.run(run)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="served.json")
@@ -98,6 +138,8 @@ def main() -> int:
     def save() -> None:
         Path(a.out).write_text(json.dumps(result, indent=1))
 
+    rows.append(engine_direct(path, n, conc, ln, a.device))
+    save()
     # The engine in this machine's own process, the same requests, the same concurrency.
     eng_args = ["--engine", "--engine-opt", f"model={path}"]
     for opt in engine_opts:
