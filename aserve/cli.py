@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     verify = sub.add_parser("verify", help="run a seeded workload serially and with overlap and compare")
     add_verify_args(verify)
 
-    from aserve.server.serve import add_serve_subcommand
+    from aserve.server.command import add_serve_subcommand
 
     add_serve_subcommand(sub)
 

@@ -79,7 +79,8 @@ def engine_direct(path: Path, n: int, conc: int, ln: int, device: str) -> dict[s
             async def one(p: list[int]) -> None:
                 nonlocal tokens
                 async with sem:
-                    tokens += len((await engine.complete(p, params)).token_ids)
+                    got = len((await engine.complete(p, params)).token_ids)
+                tokens += got  # read after the await: `tokens += len(await ...)` loses updates
 
             engine.reset_stats()
             t0 = time.perf_counter()

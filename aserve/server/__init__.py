@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP server (Starlette app served by Hypercorn).
 
 The names below load on first use (PEP 562): ``aserve --help`` adds the ``serve`` flags from
-``aserve.server.serve`` without loading the app, its routes or the engine.
+``aserve.server.command`` without loading the app, its routes or the engine.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aserve.server.app import create_app
-    from aserve.server.serve import add_serve_subcommand, run_serve, serve
+    from aserve.server.command import add_serve_subcommand, run_serve
+    from aserve.server.serve import serve
 
 _HOME = {
     "create_app": "aserve.server.app",
-    "add_serve_subcommand": "aserve.server.serve",
-    "run_serve": "aserve.server.serve",
+    "add_serve_subcommand": "aserve.server.command",
+    "run_serve": "aserve.server.command",
     "serve": "aserve.server.serve",
 }
 

@@ -4,6 +4,6 @@ from __future__ import annotations
 
 import sys
 
-from aserve.server.serve import main
+from aserve.server.command import main
 
 sys.exit(main())

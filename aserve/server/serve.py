@@ -7,83 +7,17 @@ an SSE error event; only then does Hypercorn stop listening and close connection
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import os
 import signal
 import sys
-from collections.abc import Sequence
 from typing import Any
 
 import anyio
 
-from aserve.config import EngineConfig, add_engine_args, engine_config_from_args
-from aserve.logs import configure_logging, get_logger
+from aserve.config import EngineConfig
+from aserve.logs import get_logger
 
 log = get_logger("aserve.server")
-
-API_KEY_ENV = "ASERVE_API_KEY"
-
-
-def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
-    """Add ``serve`` to an ``add_subparsers()`` object; the handler is ``args.handler``."""
-    p: argparse.ArgumentParser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help=f"require this Bearer token on /v1 (or set {API_KEY_ENV})")
-    p.add_argument("--served-model-name", default=None, help="model name clients use (default: the --model value)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest accepted request body (413 beyond)")
-    p.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="seconds running requests get to finish after SIGTERM/SIGINT",
-    )
-    p.add_argument(
-        "--api-workers",
-        type=int,
-        default=None,
-        help="HTTP front-end processes around the engine core (0: one process, as embedded); "
-        "default: with CUDA one per two spare cores up to 8, on a CPU 0",
-    )
-    add_engine_args(p)
-    p.set_defaults(handler=run_serve)
-    return p
-
-
-def run_serve(args: argparse.Namespace) -> int:
-    """Handler of ``aserve serve``: blocks until shut down; 0 after a clean drain."""
-    config = engine_config_from_args(args)
-    # An empty key would accept an empty token, so treat it as "no key given".
-    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    from aserve.ipc.launcher import default_api_workers, serve_with_front_ends
-
-    workers = args.api_workers if args.api_workers is not None else default_api_workers(config)
-    if workers > 0:
-        return asyncio.run(
-            serve_with_front_ends(
-                config,
-                workers=workers,
-                host=args.host,
-                port=args.port,
-                api_key=api_key,
-                served_model_name=args.served_model_name or config.model,
-                max_body_bytes=args.max_body_bytes,
-                shutdown_timeout=args.shutdown_timeout,
-                log_format=args.log_format,
-            )
-        )
-    return asyncio.run(
-        serve(
-            config,
-            host=args.host,
-            port=args.port,
-            api_key=api_key,
-            served_model_name=args.served_model_name or config.model,
-            max_body_bytes=args.max_body_bytes,
-            shutdown_timeout=args.shutdown_timeout,
-        )
-    )
 
 
 async def serve(
@@ -152,13 +86,3 @@ async def serve(
         return 1
     log.info("shutdown_complete")
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m aserve.server serve ...`` until ``aserve serve`` is wired into the CLI."""
-    parser = argparse.ArgumentParser(prog="aserve")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_serve_subcommand(sub)
-    args = parser.parse_args(argv)
-    configure_logging(args.log_format)
-    return int(args.handler(args))
