@@ -6,8 +6,9 @@ scheduler's policy, say) does not load the engine, torch or anyio.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from aserve.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from aserve.config import EngineConfig
@@ -73,14 +74,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'aserve' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # once loaded, a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOME])
+__getattr__, __dir__ = lazy_attributes("aserve", globals(), _HOME)

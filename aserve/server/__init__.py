@@ -6,8 +6,9 @@ The names below load on first use (PEP 562): ``aserve --help`` adds the ``serve`
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from aserve.lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from aserve.server.app import create_app
@@ -24,14 +25,4 @@ _HOME = {
 __all__ = ["add_serve_subcommand", "create_app", "run_serve", "serve"]
 
 
-def __getattr__(name: str) -> Any:
-    home = _HOME.get(name)
-    if home is None:
-        raise AttributeError(f"module 'aserve.server' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value  # once loaded, a plain attribute
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_HOME])
+__getattr__, __dir__ = lazy_attributes("aserve.server", globals(), _HOME)

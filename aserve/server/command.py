@@ -53,31 +53,17 @@ def run_serve(args: argparse.Namespace) -> int:
     from aserve.ipc.launcher import default_api_workers, serve_with_front_ends
 
     workers = args.api_workers if args.api_workers is not None else default_api_workers(config)
+    common: dict[str, Any] = {
+        "host": args.host,
+        "port": args.port,
+        "api_key": api_key,
+        "served_model_name": args.served_model_name or config.model,
+        "max_body_bytes": args.max_body_bytes,
+        "shutdown_timeout": args.shutdown_timeout,
+    }
     if workers > 0:
-        return asyncio.run(
-            serve_with_front_ends(
-                config,
-                workers=workers,
-                host=args.host,
-                port=args.port,
-                api_key=api_key,
-                served_model_name=args.served_model_name or config.model,
-                max_body_bytes=args.max_body_bytes,
-                shutdown_timeout=args.shutdown_timeout,
-                log_format=args.log_format,
-            )
-        )
-    return asyncio.run(
-        serve(
-            config,
-            host=args.host,
-            port=args.port,
-            api_key=api_key,
-            served_model_name=args.served_model_name or config.model,
-            max_body_bytes=args.max_body_bytes,
-            shutdown_timeout=args.shutdown_timeout,
-        )
-    )
+        return asyncio.run(serve_with_front_ends(config, workers=workers, log_format=args.log_format, **common))
+    return asyncio.run(serve(config, **common))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
