@@ -295,39 +295,10 @@ class Engine:
         return self._loop.watch_steps()
 
     def stats(self) -> EngineStats:
-        ledger = self.ledger()
-        st = self._recorder.stats
-        sched, prefix, ps = self.scheduler, self.scheduler.prefix, ledger.page_size
-        return EngineStats(
-            running=sum(1 for r in sched.running if not r.finished),
-            waiting=len(sched.waiting),
-            kv_total_tokens=ledger.total_pages * ps,
-            kv_free_tokens=ledger.free_pages * ps,
-            kv_used_tokens=ledger.in_use_pages * ps,
-            kv_ledger_balanced=ledger.balanced,
-            rows_total=ledger.total_rows,
-            rows_free=ledger.free_rows,
-            pipeline_depth=self._loop.slots.depth,
-            pipeline_in_use=self._loop.slots.in_use,
-            num_steps=st.num_steps,
-            num_retractions=sched.num_retractions,
-            requests_finished=self.requests_finished,
-            requests_aborted=self.requests_aborted,
-            prompt_tokens=self.prompt_tokens,
-            output_tokens=self.committer.output_tokens,
-            device_busy_s=st.device_busy_s,
-            device_gap_s=st.device_gap_s,
-            host_plan_s=st.plan_s,
-            host_launch_s=st.launch_s,
-            host_commit_s=st.commit_s,
-            median_device_gap_s=st.median_gap(),
-            median_decode_gap_s=st.median_gap(decode_only=True),
-            cache_hit_tokens=prefix.hit_tokens,
-            cache_queried_tokens=prefix.queried_tokens,
-            cached_tokens=prefix.num_cached_pages * ps,
-            cache_evicted_tokens=prefix.tree.num_evicted_pages * ps,
-            prefill_tokens_computed=sched.prefill_tokens_computed,
-        )
+        return self._recorder.engine_stats(
+            self.scheduler, self.ledger(), self._loop.slots, self.committer.output_tokens,
+            finished=self.requests_finished, aborted=self.requests_aborted, prompt_tokens=self.prompt_tokens,
+        )  # fmt: skip
 
     def step_records(self) -> list[StepRecord]:
         return list(self._recorder.stats.records)

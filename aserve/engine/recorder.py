@@ -7,7 +7,10 @@ from collections.abc import Callable
 
 from aserve.device.events import DeviceEvent
 from aserve.device.step import Step
-from aserve.stats import StepRecord, StepStats, TraceWriter
+from aserve.engine.pipeline import PipelineSlots
+from aserve.kv.allocator import LedgerView
+from aserve.scheduler.policy import Scheduler
+from aserve.stats import EngineStats, StepRecord, StepStats, TraceWriter
 
 
 class StepRecorder:
@@ -47,6 +50,43 @@ class StepRecorder:
         )
         if self.trace is not None:
             self._trace(step, commit_s, commit_t0)
+
+    def engine_stats(
+        self, sched: Scheduler, ledger: LedgerView, slots: PipelineSlots, output_tokens: int, *,
+        finished: int, aborted: int, prompt_tokens: int,
+    ) -> EngineStats:  # fmt: skip
+        """The engine's counters and gauges now (``Engine.stats``)."""
+        st, prefix, ps = self.stats, sched.prefix, ledger.page_size
+        return EngineStats(
+            running=sum(1 for r in sched.running if not r.finished),
+            waiting=len(sched.waiting),
+            kv_total_tokens=ledger.total_pages * ps,
+            kv_free_tokens=ledger.free_pages * ps,
+            kv_used_tokens=ledger.in_use_pages * ps,
+            kv_ledger_balanced=ledger.balanced,
+            rows_total=ledger.total_rows,
+            rows_free=ledger.free_rows,
+            pipeline_depth=slots.depth,
+            pipeline_in_use=slots.in_use,
+            num_steps=st.num_steps,
+            num_retractions=sched.num_retractions,
+            requests_finished=finished,
+            requests_aborted=aborted,
+            prompt_tokens=prompt_tokens,
+            output_tokens=output_tokens,
+            device_busy_s=st.device_busy_s,
+            device_gap_s=st.device_gap_s,
+            host_plan_s=st.plan_s,
+            host_launch_s=st.launch_s,
+            host_commit_s=st.commit_s,
+            median_device_gap_s=st.median_gap(),
+            median_decode_gap_s=st.median_gap(decode_only=True),
+            cache_hit_tokens=prefix.hit_tokens,
+            cache_queried_tokens=prefix.queried_tokens,
+            cached_tokens=prefix.num_cached_pages * ps,
+            cache_evicted_tokens=prefix.tree.num_evicted_pages * ps,
+            prefill_tokens_computed=sched.prefill_tokens_computed,
+        )
 
     def _trace(self, step: Step, commit_s: float, commit_t0: float) -> None:
         tr, i = self.trace, step.index
