@@ -93,6 +93,7 @@ class EngineClient:
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.IDENTITY, self.identity)
         sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)  # the core's outputs are never dropped here either
         sock.connect(self.address)
         self._ctx, self._sock = ctx, sock
         await self._exit.enter_async_context(self._running())

@@ -53,6 +53,10 @@ class CoreService:
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a departed front end's messages are dropped
+        # A ROUTER drops (not blocks) at its high-water mark: a front end that falls behind must
+        # get its outputs late, never lose them. Memory, not correctness, is what a slow one costs.
+        self._sock.setsockopt(zmq.SNDHWM, 0)
+        self._sock.setsockopt(zmq.RCVHWM, 0)
         self._tg: anyio.abc.TaskGroup | None = None
         self.messages_sent = 0
 
@@ -129,6 +133,10 @@ class CoreService:
             reqs = self.engine.submit(msg.prompt_ids, msg.params, msg.rid, seeds=msg.seeds, signal=fe.signal)
         except AserveError as exc:
             await self._send(fe, m.Rejected(msg.rid, type(exc).__name__, str(exc), getattr(exc, "param", None)))
+            return
+        except Exception as exc:  # a bug must cost one request, not the core's receive loop
+            log.error("add_failed", rid=msg.rid, error=repr(exc))
+            await self._send(fe, m.Rejected(msg.rid, "RequestAbortedError", f"the engine could not take it: {exc}"))
             return
         fe.live[msg.rid] = {r.index: r for r in reqs}
         await self._send(fe, m.Accepted(msg.rid))
