@@ -86,14 +86,11 @@ async def serve_with_front_ends(
     shutdown_timeout: float,
     log_format: str,
 ) -> int:
-    from hypercorn.config import Config
-
     from aserve.engine import Engine
     from aserve.ipc.core import CoreService
+    from aserve.server.serve import hypercorn_config
 
-    hc = Config()
-    hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
-    sockets = hc.create_sockets()
+    sockets = hypercorn_config(host, port).create_sockets()
     workdir = tempfile.mkdtemp(prefix="aserve-")
     metrics_dir = os.path.join(workdir, "metrics")
     os.mkdir(metrics_dir)

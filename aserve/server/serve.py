@@ -20,6 +20,17 @@ from aserve.logs import get_logger
 log = get_logger("aserve.server")
 
 
+def hypercorn_config(host: str, port: int) -> Any:
+    """Hypercorn's config for ``host:port``, the same in one process and for the front ends."""
+    from hypercorn.config import Config
+
+    hc = Config()
+    hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    hc.backlog = 2048  # Hypercorn's 100 is short of 256 clients connecting at once (uvicorn's is 2048)
+    hc.accesslog = None  # the app logs each request with its id
+    return hc
+
+
 async def serve(
     config: EngineConfig,
     *,
@@ -37,18 +48,15 @@ async def serve(
     ``aserve serve --api-workers N``."""
     from hypercorn.app_wrappers import ASGIWrapper
     from hypercorn.asyncio.run import worker_serve
-    from hypercorn.config import Config
 
     from aserve.server.app import create_app
     from aserve.server.state import ServerState
 
     app = create_app(config, api_key=api_key, served_model_name=served_model_name, max_body_bytes=max_body_bytes,
                      core_address=core_address)  # fmt: skip
-    hc = Config()
-    hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    hc = hypercorn_config(host, port)
     # Our own drain has already ended every request by the time Hypercorn waits on connections.
     hc.graceful_timeout = 5.0
-    hc.accesslog = None  # the app logs each request with its id
 
     signalled = asyncio.Event()
     loop = asyncio.get_running_loop()
