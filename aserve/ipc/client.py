@@ -57,12 +57,15 @@ def error_from(name: str, message: str, param: str | None = None) -> AserveError
 
 
 class EngineClient:
-    def __init__(self, address: str, *, stream_interval: int = 1, seed: int | None = None) -> None:
+    def __init__(
+        self, address: str, *, stream_interval: int = 1, seed: int | None = None, name: str | None = None
+    ) -> None:
         self.address = address
         self.stream_interval = stream_interval
         self.seed = seed
-        self.identity = f"fe-{os.getpid()}".encode()
+        self.identity = (name or f"fe-{os.getpid()}").encode()  # the core's name for this front end
         self.dead = anyio.Event()  # the core stopped answering
+        self.service_ready = anyio.Event()  # the core says every front end is ready
         self.broken: BaseException | None = None
         self.live: dict[str, list[Req]] = {}
         self._admitted: dict[str, anyio.Event] = {}
@@ -111,6 +114,7 @@ class EngineClient:
             stream_interval=self.stream_interval,
         )
         self._admission = Admission(limits, self._tokenizer, self.seed)
+        self._post(m.Hello(ready=True))
         log.info("front_end_connected", core=self.address, model=w.model)
 
     @asynccontextmanager
@@ -255,7 +259,7 @@ class EngineClient:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            self._post(m.Hello())
+            self._post(m.Hello(ready=self._welcome is not None and hasattr(self, "_admission")))
             await anyio.sleep(HEARTBEAT_S)
             if self._status is not None and time.monotonic() - self._last_status > CORE_TIMEOUT_S:
                 self._core_gone(f"no heartbeat from the engine core for {CORE_TIMEOUT_S:.0f} s")
@@ -290,6 +294,7 @@ class EngineClient:
         self.live.clear()
         for event in self._admitted.values():
             event.set()
+        self.service_ready.set()  # nobody waits for readiness that will not come
         self.dead.set()
 
     async def _receive_loop(self) -> None:
@@ -300,6 +305,8 @@ class EngineClient:
             elif isinstance(msg, m.Status):
                 self._status = msg
                 self._last_status = time.monotonic()
+                if msg.ready:
+                    self.service_ready.set()
             elif isinstance(msg, m.Accepted):
                 event = self._admitted.get(msg.rid)
                 if event is not None:

@@ -39,15 +39,17 @@ class _FrontEnd:
         self.live: dict[str, dict[int, Req]] = {}  # rid -> its choices not yet delivered in full
         self.signal = Signal()
         self.last_seen = time.monotonic()
-        self.wake = anyio.Event()  # the sender's first wake-up (a request arrived)
+        self.ready = False
 
 
 class CoreService:
     """Serves ``engine`` to front-end processes at ``address`` while ``running()`` is entered."""
 
-    def __init__(self, engine: Engine, address: str) -> None:
+    def __init__(self, engine: Engine, address: str, expected_front_ends: int = 1) -> None:
         self.engine = engine
         self.address = address
+        self.expected_front_ends = expected_front_ends
+        self.service_ready = False  # latched once every expected front end was ready
         self.front_ends: dict[bytes, _FrontEnd] = {}
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -127,6 +129,15 @@ class CoreService:
                 await self._send(fe, m.Reply(msg.qid, self._answer(msg.what)))
             elif isinstance(msg, m.Bye):
                 self.drop(identity)
+            elif isinstance(msg, m.Hello) and msg.ready and not fe.ready:
+                fe.ready = True
+                if not self.service_ready:
+                    ready = sum(1 for f in self.front_ends.values() if f.ready)
+                    self.service_ready = ready >= self.expected_front_ends
+                    if self.service_ready:
+                        log.info("service_ready", front_ends=ready)
+                        for f in list(self.front_ends.values()):  # tell them now, not at the next beat
+                            await self._send(f, self._status())
 
     async def _add(self, fe: _FrontEnd, msg: m.Add) -> None:
         try:
@@ -167,10 +178,12 @@ class CoreService:
                 if now - fe.last_seen > FRONT_END_TIMEOUT_S:
                     self.drop(fe.identity)
                     continue
-                status = m.Status(ready=True, stats=self.engine.stats().as_dict())
                 with contextlib.suppress(zmq.ZMQError):
-                    await self._send(fe, status)
+                    await self._send(fe, self._status())
             await anyio.sleep(STATUS_INTERVAL_S)
+
+    def _status(self) -> m.Status:
+        return m.Status(ready=self.service_ready, stats=self.engine.stats().as_dict())
 
     def _welcome(self) -> m.Welcome:
         e = self.engine

@@ -116,7 +116,7 @@ async def serve_with_front_ends(
             spawn(i)
         log.info("serving", host=host, port=port, model=served_model_name, api_workers=workers,
                  auth=api_key is not None)  # fmt: skip
-        async with Engine(config) as engine, CoreService(engine, spec.core_address).running() as core:
+        async with Engine(config) as engine, CoreService(engine, spec.core_address, workers).running() as core:
             log.info("core_ready", address=spec.core_address)
             while not signalled.is_set():
                 with anyio.move_on_after(0.2):

@@ -38,7 +38,10 @@ class Bye(msgspec.Struct, tag=True, array_like=True):
 
 
 class Hello(msgspec.Struct, tag=True, array_like=True):
-    """A front end says it is there (and again every heartbeat interval)."""
+    """A front end says it is there (and again every heartbeat interval), and whether it is
+    ready to serve (its tokenizer loaded)."""
+
+    ready: bool = False
 
 
 class Accepted(msgspec.Struct, tag=True, array_like=True):
@@ -78,7 +81,9 @@ class Outputs(msgspec.Struct, tag=True, array_like=True):
 
 
 class Status(msgspec.Struct, tag=True, array_like=True):
-    """The core's heartbeat: alive, ready, and its stats for /metrics and /health."""
+    """The core's heartbeat and its stats for /metrics. ``ready``: the service is up, i.e. every
+    front end started with it has been ready (so no /health says 200 while a sibling would
+    still answer 503); it stays true while a replacement front end starts."""
 
     ready: bool
     stats: dict[str, Any]

@@ -125,5 +125,9 @@ class ServerState:
 
         async with client, anyio.create_task_group() as tg:
             tg.start_soon(core_watch, name="aserve.server.core_watch")
-            await self._serve_with(client)
+            # /health turns 200 only once every front end can serve (loading: 503 until then).
+            with anyio.move_on_after(600):
+                await client.service_ready.wait()
+            if not client.dead.is_set():
+                await self._serve_with(client)
             tg.cancel_scope.cancel()

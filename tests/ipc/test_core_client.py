@@ -1,0 +1,80 @@
+"""The engine core and front ends over real ZeroMQ sockets, in one process: a tiny model, the
+core's ``CoreService`` and ``EngineClient``s (what each front-end process runs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import aserve
+from aserve.ipc.client import EngineClient
+from aserve.ipc.core import CoreService
+
+
+async def test_remote_results_equal_embedded_and_readiness_waits_for_every_front_end(
+    tiny_llama: tuple[Path, Any], tmp_path: Path
+) -> None:
+    address = f"ipc://{tmp_path}/core"
+    prompts = [[1, 5 + i, 9, 12] for i in range(4)]
+    greedy = aserve.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    sampled = aserve.SamplingParams(max_tokens=12, temperature=0.9, seed=7, n=2, logprobs=2, ignore_eos=True)
+    async with (
+        aserve.Engine(model=str(tiny_llama[0]), warmup=False, debug=True) as engine,
+        CoreService(engine, address, expected_front_ends=2).running() as core,
+    ):
+        local = [await engine.complete(p, greedy) for p in prompts] + [await engine.complete(prompts[0], sampled)]
+        async with EngineClient(address, name="fe-a") as a:
+            # One of two front ends is ready: the service is not (no /health 200 yet).
+            with anyio.move_on_after(1.0):
+                await a.service_ready.wait()
+            assert not a.service_ready.is_set()
+            async with EngineClient(address, name="fe-b") as b:
+                with anyio.fail_after(10):
+                    await a.service_ready.wait()
+                    await b.service_ready.wait()
+                remote = [await (a if i % 2 else b).complete(p, greedy) for i, p in enumerate(prompts)]
+                remote.append(await a.complete(prompts[0], sampled))
+                # Streamed through the IPC path: the same ids, and text equal to the whole result's.
+                stream = b.open_stream(prompts[1], greedy)
+                await stream.admitted()
+                text, ids = "", []
+                async for d in stream:
+                    text, ids = text + d.text, ids + d.token_ids
+                sent_before = core.messages_sent
+        for lo, re in zip(local, remote, strict=True):
+            assert [o.token_ids for o in re.outputs] == [o.token_ids for o in lo.outputs]
+            assert [o.text for o in re.outputs] == [o.text for o in lo.outputs]
+            assert [o.finish_reason for o in re.outputs] == [o.finish_reason for o in lo.outputs]
+        assert remote[-1].outputs[0].logprobs == local[-1].outputs[0].logprobs
+        assert ids == local[1].token_ids and text == local[1].text
+        assert sent_before > 0
+        with anyio.fail_after(10):
+            while not engine.ledger().all_free:  # the clients' exits released everything
+                await anyio.sleep(0.01)
+
+
+async def test_a_request_over_the_limits_raises_its_typed_error_at_once(
+    tiny_llama: tuple[Path, Any], tmp_path: Path
+) -> None:
+    address = f"ipc://{tmp_path}/core"
+    cfg = aserve.EngineConfig(model=str(tiny_llama[0]), warmup=False, max_waiting_requests=2)
+    async with (
+        aserve.Engine(cfg) as engine,
+        CoreService(engine, address).running(),
+        EngineClient(address, name="fe-a") as client,
+    ):
+        # The core's limits arrived in its Welcome: the front end refuses before sending anything.
+        for bad, error in (
+            (([1, 5, 9], aserve.SamplingParams(max_tokens=4, n=3)), aserve.EngineOverloadedError),
+            (([1, 10**9], aserve.SamplingParams(max_tokens=4)), aserve.InvalidRequestError),
+            (([1] * 600, aserve.SamplingParams(max_tokens=4)), aserve.ContextLengthError),
+        ):
+            try:
+                client.open_stream(*bad)
+            except error:
+                continue
+            raise AssertionError(f"{bad} was admitted")
+        ok = await client.complete([1, 5, 9], aserve.SamplingParams(max_tokens=4, temperature=0))
+        assert len(ok.token_ids) == 4
