@@ -77,6 +77,7 @@ class EngineClient:
         self._last_status = 0.0
         self._welcome: m.Welcome | None = None
         self._welcomed = anyio.Event()
+        self._admission: Admission | None = None  # set once the Welcome came and the tokenizer loaded
         self._exit = AsyncExitStack()
         self._closed = False
         self._outbox: MemoryObjectSendStream[m.ToCore] | None = None
@@ -211,8 +212,8 @@ class EngineClient:
     def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None, *, whole: bool) -> list[Req]:
         if self.broken is not None:
             raise EngineClosedError(f"the engine core is unavailable: {self.broken}")
-        if self._closed or self._outbox is None:
-            raise EngineClosedError("the front end is shutting down; no new requests are accepted")
+        if self._closed or self._outbox is None or self._admission is None:
+            raise EngineClosedError("the front end is not connected to the engine core; no requests are accepted")
         # The core owns the waiting queue and answers EngineOverloadedError itself.
         reqs = self._admission.make_requests(prompt, params, request_id, waiting=0, whole=whole)
         rid = reqs[0].group_id
@@ -259,7 +260,7 @@ class EngineClient:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            self._post(m.Hello(ready=self._welcome is not None and hasattr(self, "_admission")))
+            self._post(m.Hello(ready=self._admission is not None))
             await anyio.sleep(HEARTBEAT_S)
             if self._status is not None and time.monotonic() - self._last_status > CORE_TIMEOUT_S:
                 self._core_gone(f"no heartbeat from the engine core for {CORE_TIMEOUT_S:.0f} s")
