@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from aserve.errors import InvalidRequestError
 
@@ -74,13 +75,14 @@ class SamplingParams:
         object.__setattr__(self, "logit_bias", pairs)
         self.validate()
 
-    @property
+    # Cached (the instance is frozen): the planner and the launch path ask per request per step.
+    @cached_property
     def has_penalty(self) -> bool:
         """Whether sampling reads the tokens generated so far (and the prompt): such a request's
         next step needs its last token committed (a look-ahead of one)."""
         return penalised(self.repetition_penalty, self.frequency_penalty, self.presence_penalty)
 
-    @property
+    @cached_property
     def is_plain_greedy(self) -> bool:
         """Whether the token is the plain argmax: greedy, no penalty, no bias, no logprobs."""
         return (

@@ -11,6 +11,7 @@ Two shapes of step:
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -214,14 +215,18 @@ def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tu
     without this a field's alignment would follow the parity of the batch size, and the
     first prefill of the other parity compiled new attention kernels in the middle of
     serving (H200: a 1.3 s launch; warm-up had covered only one parity)."""
-    flat: list[int] = []
+    flat = array("q")
     spans: dict[str, tuple[int, int]] = {}
     for name, values in fields.items():
         spans[name] = (len(flat), len(values))
         flat.extend(values)
         if len(values) % 2:
             flat.append(0)
-    return torch.tensor(flat, dtype=torch.int64), spans
+    if not flat:
+        return torch.empty(0, dtype=torch.int64), spans
+    # array('q') converts the ints in C; the tensor shares (and keeps alive) its buffer.
+    # A third of torch.tensor(list)'s cost for the ~1,300 ints of a batch-256 step.
+    return torch.frombuffer(flat, dtype=torch.int64), spans
 
 
 def unpack_int64(flat: torch.Tensor, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:

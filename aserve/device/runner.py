@@ -22,7 +22,7 @@ from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_r
 from aserve.device.future_map import FutureMap
 from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
-from aserve.device.step import Step, StepEntry, StepOutputs
+from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
 from aserve.sampling.sampler import SampleOutput, sample
 from aserve.scheduler.policy import Plan
@@ -97,14 +97,10 @@ class ModelRunner:
         self, index: int, plan: Plan, begin: DeviceEvent, materialized: DeviceEvent, copied: DeviceEvent,
         keepalive: list[Any],
     ) -> Step:  # fmt: skip
-        """The step handle; ``entries`` is the snapshot the committer reads (launch order)."""
-        entries = tuple(
-            StepEntry(s.req, s.generation, s.samples, s.extend_len, s.input_ids is None, s.prefix_len + s.extend_len)
-            for s in plan.seqs
-        )
+        """The step handle; the plan's sequences are the snapshot the committer reads."""
         return Step(
             index=index,
-            entries=entries,
+            entries=plan.seqs,
             num_tokens=plan.num_tokens,
             num_decodes=plan.num_decodes,
             forward_begin=begin,

@@ -20,24 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from aserve.device.events import DeviceEvent, HostMark
-from aserve.scheduler.req import Req
-
-
-class StepEntry(NamedTuple):
-    """What the committer needs of one sequence, as it was at launch (the snapshot).
-
-    A NamedTuple: a step builds one per sequence on the launch path, and a frozen
-    dataclass costs three times as much to construct."""
-
-    req: Req
-    generation: int
-    samples: bool
-    num_new_tokens: int
-    is_decode: bool
-    kv_end: int  # positions [0, kv_end) hold KV once this step is committed
+from aserve.scheduler.policy import SeqPlan
 
 
 @dataclass
@@ -53,7 +39,8 @@ class StepOutputs:
 @dataclass(eq=False)
 class Step:
     index: int
-    entries: tuple[StepEntry, ...]
+    # The plan's sequences, in launch order: the committer's snapshot of what was launched.
+    entries: list[SeqPlan]
     num_tokens: int
     num_decodes: int
     forward_begin: DeviceEvent  # the device started the step (device timing)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from aserve.device.runner import Step
+from aserve.device.step import Step, StepOutputs
 from aserve.outputs import TokenLogprob
 from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
@@ -37,33 +37,39 @@ class Committer:
 
     def commit(self, step: Step) -> None:
         outs = step.read_outputs()
+        token_ids, with_logprobs = outs.token_ids, outs.logprobs is not None
         now = time.perf_counter()
         for i, entry in enumerate(step.entries):
             req = entry.req
             req.inflight -= 1
             assert req.inflight >= 0, f"{req.rid}: more commits than launches"
-            if not entry.is_decode and not req.finished:
-                # A prefill chunk's KV is written now: publish it for other requests.
-                self.scheduler.prefix.publish(req, entry.kv_end)
-            if entry.samples and not req.finished:  # a finished request's token is overshoot: dropped
-                assert req.generation == entry.generation, (
-                    f"{req.rid}: row generation {req.generation} != launched {entry.generation}"
-                )
-                logprob = None
-                if req.params.logprobs is not None and outs.logprobs is not None:
-                    top: tuple[tuple[int, float], ...] = ()
-                    if outs.top_ids is not None and outs.top_logprobs is not None:
-                        k = req.params.logprobs
-                        top = tuple(zip(outs.top_ids[i][:k], outs.top_logprobs[i][:k]))
-                    logprob = TokenLogprob(outs.token_ids[i], outs.logprobs[i], top)
-                self._append(req, outs.token_ids[i], logprob, now)
-            if req.finished:
+            if req.finish_reason is None:  # a finished request's token is overshoot: dropped
+                if entry.input_ids is not None:
+                    # A prefill chunk's KV is written now: publish it for other requests.
+                    self.scheduler.prefix.publish(req, entry.kv_end)
+                if entry.samples:
+                    assert req.generation == entry.generation, (
+                        f"{req.rid}: row generation {req.generation} != launched {entry.generation}"
+                    )
+                    logprob = None
+                    if with_logprobs and req.params.logprobs is not None:
+                        logprob = self._logprob(outs, i, req.params.logprobs)
+                    self._append(req, token_ids[i], logprob, now)
+            if req.finish_reason is not None:
                 self.scheduler.release_if_done(req)
 
+    @staticmethod
+    def _logprob(outs: StepOutputs, i: int, k: int) -> TokenLogprob:
+        assert outs.logprobs is not None
+        top: tuple[tuple[int, float], ...] = ()
+        if outs.top_ids is not None and outs.top_logprobs is not None:
+            top = tuple(zip(outs.top_ids[i][:k], outs.top_logprobs[i][:k]))
+        return TokenLogprob(outs.token_ids[i], outs.logprobs[i], top)
+
     def _append(self, req: Req, token: int, logprob: TokenLogprob | None, now: float) -> None:
-        cell = req.cell
+        cell, outputs, params = req.cell, req.output_ids, req.params
         assert cell is not None, f"{req.rid} was admitted without an output cell"
-        req.output_ids.append(token)
+        outputs.append(token)
         self.output_tokens += 1
         if logprob is not None:
             req.output_logprobs.append(logprob)
@@ -72,13 +78,12 @@ class Committer:
         cell.push(token, logprob)
         # Under min_tokens nothing stops the request early (the sampler banned its stop ids;
         # stop strings are not looked for in text that ends before min_tokens).
-        may_stop = len(req.output_ids) >= req.params.min_tokens
+        may_stop = len(outputs) >= params.min_tokens
         if token in req.stop_ids and may_stop:
-            stop_reason = token if token in req.params.stop_token_ids else None
-            self.finish(req, "stop", stop_reason)
-        elif req.params.stop and self._hit_stop_string(req, token, may_stop):
+            self.finish(req, "stop", token if token in params.stop_token_ids else None)
+        elif params.stop and self._hit_stop_string(req, token, may_stop):
             pass  # finished inside
-        elif req.length_reached(len(req.output_ids)):
+        elif req.length_reached(len(outputs)):
             self.finish(req, "length")
 
     def _hit_stop_string(self, req: Req, token: int, may_stop: bool = True) -> bool:

@@ -9,7 +9,8 @@ token budget per step.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
@@ -50,8 +51,11 @@ class SchedulerConfig:
         )
 
 
-@dataclass
+@dataclass(slots=True)
 class SeqPlan:
+    """One sequence's part of a step. Built fresh every step and never changed after launch,
+    so it is also the step's snapshot of the sequence that the committer reads."""
+
     req: Req
     row: int
     generation: int
@@ -62,20 +66,27 @@ class SeqPlan:
     samples: bool  # the sampled token is an output (last prefill chunk, or a decode)
     output_index: int  # index of the output token this step samples (seeded sampling step)
     pending_output: bool  # the decode input is an output not yet committed (overlap look-ahead)
-    prefix_slots: list[int] = field(default_factory=list)  # cached prefix slots for positions [0, len)
+    prefix_slots: Sequence[int] = ()  # cached prefix slots for positions [0, len)
+
+    @property
+    def is_decode(self) -> bool:
+        return self.input_ids is None
+
+    @property
+    def kv_end(self) -> int:
+        """Positions [0, kv_end) hold KV once this step is committed."""
+        return self.prefix_len + self.extend_len
 
 
-@dataclass
 class Plan:
-    seqs: list[SeqPlan]
+    """The next step's sequences: decodes first, then prefill chunks."""
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(s.extend_len for s in self.seqs)
+    __slots__ = ("num_decodes", "num_tokens", "seqs")
 
-    @property
-    def num_decodes(self) -> int:
-        return sum(1 for s in self.seqs if s.input_ids is None)
+    def __init__(self, seqs: list[SeqPlan], num_decodes: int | None = None) -> None:
+        self.seqs = seqs
+        self.num_tokens = sum(s.extend_len for s in seqs)
+        self.num_decodes = sum(1 for s in seqs if s.input_ids is None) if num_decodes is None else num_decodes
 
 
 class Blocked(Enum):
@@ -150,16 +161,18 @@ class Scheduler:
 
     def schedule(self, pipeline_busy: bool) -> Plan | Blocked:
         budget = self.config.max_num_batched_tokens
+        # The hot loop of every step, once per running request, with Req's properties inlined:
+        # prefill done, not finished, not ending by length once more is launched. A request
+        # with penalties reads its outputs so far, and the launch path stands in for one
+        # uncommitted output (the FutureMap's), not two: at depth 3 it waits for a commit.
         decodes = [
             r
             for r in self.running
-            if r.prefill_done
-            and not r.finished
+            if r.num_computed >= len(r.fill_ids)
+            and r.finish_reason is None
             and not r.abort_requested
-            and not r.length_reached(r.num_launched_outputs)  # ends by length: leave it out now
-            # Penalties read the outputs so far; the launch path stands in for one uncommitted
-            # output (the FutureMap's), not two: such requests wait for a commit at depth 3.
-            and (r.lookahead <= 1 or not r.params.has_penalty)
+            and not r.length_reached(r.num_launched_outputs)
+            and (r.num_launched_outputs - len(r.output_ids) <= 1 or not r.params.has_penalty)
         ]
         decodes = decodes[:budget]
         if not self._room_for(self._decode_pages(decodes)):  # cached, unused prefixes go before anyone is retracted
@@ -167,10 +180,12 @@ class Scheduler:
                 return Blocked.DRAIN
             decodes = self._retract_until_fits(decodes)
         seqs = [self._plan_decode(r) for r in decodes]
-        budget -= len(seqs)
+        num_decodes = len(seqs)
+        budget -= num_decodes
 
-        # Chunked prefills already under way, oldest first, then new admissions (FCFS).
-        for r in self.running:
+        # Chunked prefills already under way, oldest first, then new admissions (FCFS). When
+        # every running request decodes this step, there is none (no loop over the batch).
+        for r in self.running if num_decodes < len(self.running) else ():
             if budget <= 0:
                 break
             if r.prefill_done or r.abort_requested or r.finished:
@@ -199,7 +214,7 @@ class Scheduler:
             if not pipeline_busy and self._unstick():
                 return self.schedule(pipeline_busy)
             return Blocked.IDLE
-        return Plan(seqs)
+        return Plan(seqs, num_decodes)
 
     def _unstick(self) -> bool:
         """Nothing could be planned and nothing is in flight: make progress possible.
@@ -246,22 +261,23 @@ class Scheduler:
                 r.lpm_skips += 1
 
     def _plan_decode(self, r: Req) -> SeqPlan:
-        # The hot path of every step (once per running request): KVAllocator.grow inlined for
-        # one token, positional SeqPlan arguments.
+        # Once per running request every step: KVAllocator.grow inlined for one token,
+        # positional SeqPlan arguments.
         row = r.row
         assert row is not None
         pos, pages, ps = r.num_computed, r.pages, self.pool.page_size
-        assert pos < self.pool.max_context and pos <= len(pages) * ps, (r.rid, pos, len(pages))
         if pos == len(pages) * ps:
             got = self.pool.pages.alloc(1)
             assert got is not None, "pages were counted before planning decodes"
             pages.extend(got)
-        lookahead = r.num_launched_outputs - len(r.output_ids)
-        assert lookahead <= self.config.max_lookahead, f"look-ahead {lookahead} for {r.rid}"
-        slot = pages[pos // ps] * ps + pos % ps
-        plan = SeqPlan(r, row, r.generation, pos, 1, [slot], None, True, r.num_launched_outputs, lookahead > 0)
+        out = r.num_launched_outputs
+        lookahead = out - len(r.output_ids)
+        if self.config.debug:
+            assert pos < self.pool.max_context and pos <= len(pages) * ps, (r.rid, pos, len(pages))
+            assert lookahead <= self.config.max_lookahead, f"look-ahead {lookahead} for {r.rid}"
+        plan = SeqPlan(r, row, r.generation, pos, 1, [pages[pos // ps] * ps + pos % ps], None, True, out, lookahead > 0)
         r.num_computed = pos + 1
-        r.num_launched_outputs += 1
+        r.num_launched_outputs = out + 1
         return plan
 
     def _admit(self, req: Req, budget: int, reserve_pages: int) -> SeqPlan | None:

@@ -1,0 +1,141 @@
+"""The host's share of one decode step at batch 64 / 256 / 512, measured without a device.
+
+    python -m aserve.bench.host_step --out host_step.json [--batches 64,256,512]
+
+One steady greedy decode step is, on the host: ``Scheduler.schedule()`` (plan),
+``build_inputs`` on the CUDA-graph fast path plus the step's snapshot of its sequences
+(the host part of launch), and ``Committer.commit`` with the step's sampled tokens (commit).
+Here each piece runs for real (the scheduler, the decode-graph ladder, the committer and the
+output cells) with the device work left out, so the figure is what the event loop spends per
+step, and per request per step, however fast the device is. On the GPU the engine's own
+counters (``host_plan_s``, ``host_launch_s``, ``host_commit_s``) also include the device
+calls (an H2D copy, a replay, a D2H copy, event records); ``aserve.bench.device_bench``
+reports those.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import torch
+
+from aserve.device.decode_graphs import DecodeGraphs
+from aserve.device.events import DeviceEvent
+from aserve.device.future_map import FutureMap
+from aserve.device.inputs import build_inputs
+from aserve.device.runner import ModelRunner
+from aserve.device.step import StepOutputs
+from aserve.engine.cell import OutputCell
+from aserve.engine.commit import Committer
+from aserve.kv.pool import KVPool
+from aserve.models.config import ModelConfig
+from aserve.sampling_params import SamplingParams
+from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
+from aserve.scheduler.req import Req
+
+_CFG = ModelConfig(
+    architecture="llama", vocab_size=64, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+    num_kv_heads=1, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=4096, rope_theta=1e4,
+)  # fmt: skip
+
+
+class _Tokenizer:
+    """The committer reads the tokenizer only for stop strings, which this run has none of."""
+
+
+def bench_batch(batch: int, steps: int, prompt_len: int = 128) -> dict[str, Any]:
+    device = torch.device("cpu")
+    max_context = prompt_len + steps + 128
+    pool = KVPool(_CFG, num_pages=batch * (max_context // 16 + 2), page_size=16, num_rows=batch,
+                  max_context=max_context, dtype=torch.float32, device=device)  # fmt: skip
+    sched = Scheduler(pool, SchedulerConfig(max_running_requests=batch, radix_cache=False, max_num_batched_tokens=8192))
+    fmap = FutureMap(pool.rows.num_rows + 1, device, debug=False)
+    graphs = DecodeGraphs(torch.nn.Identity(), pool, fmap, device, batch)
+    runner = ModelRunner(torch.nn.Identity(), pool, device, fmap, None, None, decode_graphs=graphs)
+    committer = Committer(sched, _Tokenizer(), on_finish=lambda r: None)  # type: ignore[arg-type]
+    params = SamplingParams(max_tokens=steps + 64, temperature=0)
+    reqs = []
+    for i in range(batch):
+        r = Req(rid=f"r{i}", index=0, prompt_ids=list(range(2, prompt_len + 2)), params=params,
+                max_new_tokens=steps + 64, seed=0, stop_ids=frozenset({1}))  # fmt: skip
+        r.cell = OutputCell(wake_every=0)  # complete(): woken at the end only
+        sched.add(r)
+        reqs.append(r)
+    done = DeviceEvent("done")
+    done._complete()  # the device work is left out: every step's events have passed
+    tokens = StepOutputs(token_ids=[7] * batch)
+
+    def launch(plan: Plan, index: int) -> Any:
+        host = build_inputs(plan, graphs)
+        step = runner._step(index, plan, done, done, done, [host])
+        step.outputs = tokens
+        for s in plan.seqs:
+            s.req.inflight += 1
+        return step
+
+    index = 0
+    while not all(r.output_ids for r in reqs):  # the prefills, a token budget a step
+        first = sched.schedule(False)
+        assert isinstance(first, Plan)
+        committer.commit(launch(first, index))
+        index += 1
+    plan_us, launch_us, commit_us = [], [], []
+    before = committer.output_tokens
+    for i in range(index, index + steps):
+        t0 = time.perf_counter()
+        plan = sched.schedule(False)
+        t1 = time.perf_counter()
+        assert isinstance(plan, Plan) and plan.num_decodes == batch
+        step = launch(plan, i)
+        t2 = time.perf_counter()
+        committer.commit(step)
+        t3 = time.perf_counter()
+        assert committer.output_tokens == before + batch, "every request commits one token a step"
+        before = committer.output_tokens
+        plan_us.append((t1 - t0) * 1e6)
+        launch_us.append((t2 - t1) * 1e6)
+        commit_us.append((t3 - t2) * 1e6)
+        for r in reqs:  # complete() takes its tokens at the end; this run never ends
+            assert r.cell is not None
+            r.cell.take_nowait()
+
+    med = statistics.median
+    p, lu, c = med(plan_us), med(launch_us), med(commit_us)
+    return {
+        "batch": batch, "steps": steps, "plan_us": p, "launch_host_us": lu, "commit_us": c,
+        "total_us": p + lu + c, "per_request_us": (p + lu + c) / batch,
+        "plan_us_per_req": p / batch, "launch_host_us_per_req": lu / batch, "commit_us_per_req": c / batch,
+    }  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default="host_step.json")
+    ap.add_argument("--batches", default="64,256,512")
+    ap.add_argument("--steps", type=int, default=400)
+    args = ap.parse_args()
+
+    async def run() -> list[dict[str, Any]]:  # steps carry awaitables: build them on a loop
+        return [bench_batch(int(b), args.steps) for b in args.batches.split(",")]
+
+    rows = anyio.run(run)
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "python": platform.python_version(), "torch": torch.__version__,
+        "machine": platform.machine(), "processor": platform.processor(), "batches": rows,
+    }  # fmt: skip
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    print(f"{'batch':>6}{'plan us':>10}{'launch us':>11}{'commit us':>11}{'total us':>10}{'us/req':>8}")
+    for r in rows:
+        print(f"{r['batch']:>6}{r['plan_us']:>10.0f}{r['launch_host_us']:>11.0f}{r['commit_us']:>11.0f}"
+              f"{r['total_us']:>10.0f}{r['per_request_us']:>8.2f}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

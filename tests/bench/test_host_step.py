@@ -1,0 +1,16 @@
+"""The host-step benchmark runs the real planner, launch-side input building and committer."""
+
+from __future__ import annotations
+
+import anyio
+
+from aserve.bench.host_step import bench_batch
+
+
+def test_host_step_bench_decodes_the_whole_batch_each_step() -> None:
+    async def run() -> dict[str, float]:
+        return bench_batch(batch=12, steps=40, prompt_len=20)  # 240 prompt tokens: one prefill step
+
+    out = anyio.run(run)
+    assert out["batch"] == 12 and out["steps"] == 40
+    assert out["total_us"] == out["plan_us"] + out["launch_host_us"] + out["commit_us"] > 0
