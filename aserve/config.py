@@ -51,8 +51,11 @@ class EngineConfig:
     mem_fraction: float = 0.5  # of free device memory (CUDA) for KV when kv_cache_bytes is None
     cpu_kv_cache_bytes: int = 512 * 2**20  # default KV budget on CPU
     max_context: int | None = None  # None: the model's, capped at 8192 on CPU
-    max_num_batched_tokens: int = 2048  # token budget of one step (chunked prefill beyond it)
-    max_running_requests: int = 64
+    # Token budget of one step (chunked prefill beyond it) and the most requests decoding at
+    # once (also the largest decode CUDA graph). None: sized from the device at start-up
+    # (aserve/engine/sizing.py: on a GPU from its memory and the KV pool; 2048 and 64 on a CPU).
+    max_num_batched_tokens: int | None = None
+    max_running_requests: int | None = None
     max_waiting_requests: int = 4096
     seed: int = 0  # seeds the per-request seeds of requests that do not give one
     debug: bool = False  # FutureMap poisoning and extra invariant checks
@@ -83,7 +86,9 @@ class EngineConfig:
             raise InvalidRequestError("overlap_depth must be 2 or 3", param="overlap_depth")
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", param="stream_interval")
-        if self.max_num_batched_tokens < 1 or self.max_running_requests < 1:
+        if (self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1) or (
+            self.max_running_requests is not None and self.max_running_requests < 1
+        ):
             raise InvalidRequestError("max_num_batched_tokens and max_running_requests must be >= 1")
 
     @property

@@ -48,10 +48,13 @@ class _Static:
 
 
 def ladder(max_batch: int) -> list[int]:
+    """Padded batch sizes, one graph each: 1, 2, 4, 8, then every 8 to 64, every 16 to 256 and
+    every 32 beyond, and ``max_batch`` itself: a batch pads by at most 15 rows up to 256 (31
+    beyond), where powers of two alone padded 129 requests to 256 (half the step wasted)."""
     sizes, b = [], 1
     while b < max_batch:
         sizes.append(b)
-        b *= 2
+        b = b * 2 if b < 8 else b + (8 if b < 64 else 16 if b < 256 else 32)
     sizes.append(max_batch)
     return sizes
 
@@ -130,6 +133,13 @@ class DecodeGraphs:
             s.graph = graph
             print(f"\rcapturing decode CUDA graphs: {i + 1}/{len(self.sizes)}", end="", file=sys.stderr, flush=True)
         print(file=sys.stderr)
+
+    def release(self) -> None:
+        """The engine closed: drop the graphs (and with them their memory pool) and buffers."""
+        for s in self._static.values():
+            if s.graph is not None:
+                s.graph.reset()
+        self._static.clear()
 
     def run(self, graph_inputs: torch.Tensor) -> GraphOutputs:
         """Replay (CUDA) or run (CPU) the graph for ``graph_inputs`` ([3, Bp] on the device)."""

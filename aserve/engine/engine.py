@@ -12,6 +12,7 @@ import gc
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from types import TracebackType
 from typing import Any
 
@@ -101,6 +102,9 @@ class Engine:
         else:
             self._parts = await anyio.to_thread.run_sync(load_engine_parts, cfg)
         parts = self._parts
+        # The batch sizes as resolved at load (sized from the device where the user left them unset).
+        self.config = cfg = replace(cfg, max_running_requests=parts.sizes.max_running_requests,
+                                    max_num_batched_tokens=parts.sizes.max_num_batched_tokens)  # fmt: skip
         if parts.device.type == "cuda" and cfg.cuda_event_wait == "thread":
             self._cuda_waiter = CudaEventWaiter(waker)
         self.scheduler = Scheduler(parts.pool, SchedulerConfig.from_engine(cfg))
@@ -108,7 +112,9 @@ class Engine:
         self.future_map = FutureMap(parts.pool.rows.num_rows + 1, parts.device, cfg.debug)
         graphs = None
         if cfg.use_cuda_graph:
-            graphs = DecodeGraphs(parts.model, parts.pool, self.future_map, parts.device, cfg.max_running_requests)
+            graphs = DecodeGraphs(
+                parts.model, parts.pool, self.future_map, parts.device, parts.sizes.max_running_requests
+            )
         runner = ModelRunner(parts.model, parts.pool, parts.device, self.future_map, self._cpu_stream,
                              self._cuda_waiter, cfg.resolved_attention_backend, graphs,
                              pipeline_depth=cfg.pipeline_depth)  # fmt: skip
@@ -180,6 +186,26 @@ class Engine:
         if self._gc_frozen:
             gc.unfreeze()  # process-wide: what was frozen is the collector's again
             self._gc_frozen = False
+        self._release_device_memory()
+
+    def _release_device_memory(self) -> None:
+        """A closed engine gives back what it holds on the device: the KV pool and request
+        table, the model's weights, the decode graphs and their memory pool, the FutureMap
+        and the pinned staging buffers. The host-side ledger, stats and tokenizer stay
+        readable. On CUDA the caching allocator then returns the memory to the driver, so
+        the next engine in this process sizes its KV pool from the same free memory."""
+        parts = self._parts
+        if parts is None:
+            return
+        if hasattr(self, "_loop"):
+            self._loop.runner.release()
+        if hasattr(self, "future_map"):
+            self.future_map.release()
+        parts.pool.release_device()
+        parts.model.to("meta")  # parameters and buffers: storage-less from here on
+        if parts.device.type == "cuda":
+            gc.collect()  # steps and graphs caught in reference cycles hold device tensors
+            torch.cuda.empty_cache()
 
     @property
     def _recorder_trace(self) -> TraceWriter | None:
@@ -223,7 +249,9 @@ class Engine:
             "kv_bytes_per_token": pool.bytes_per_token(),
             "page_size": pool.page_size,
             "max_context": pool.max_context,
-            "max_running_requests": cfg.max_running_requests,
+            "max_running_requests": parts.sizes.max_running_requests,
+            "max_num_batched_tokens": parts.sizes.max_num_batched_tokens,
+            "batch_sizes": parts.sizes.why,
             "full_context_requests_that_fit": pool.total_tokens // pool.max_context,
             "overlap": cfg.overlap,
             "attention_backend": cfg.resolved_attention_backend,
@@ -236,7 +264,8 @@ class Engine:
         info, cfg, pool = self.info(), self.config, self._require().pool
         return {
             **{k: info[k] for k in ("model", "device", "dtype", "kv_tokens", "max_context", "max_running_requests",
-                                    "overlap", "fused_ops", "cuda_graph", "load_s")},
+                                    "max_num_batched_tokens", "batch_sizes", "overlap", "fused_ops", "cuda_graph",
+                                    "load_s")},
             "kv_gib": round(pool.total_tokens * pool.bytes_per_token() / 2**30, 2),
             "full_context_requests": info["full_context_requests_that_fit"],
             "pipeline_depth": cfg.pipeline_depth,

@@ -12,6 +12,7 @@ import torch
 
 from aserve.config import EngineConfig
 from aserve.device.events import CpuStream
+from aserve.engine.sizing import BatchSizes, choose_batch_sizes
 from aserve.errors import InvalidRequestError, ModelLoadError
 from aserve.kv.pool import KVPool, bytes_per_token
 from aserve.models.config import ModelConfig
@@ -32,6 +33,7 @@ class LoadedEngine:
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...]
     load_s: float
+    sizes: BatchSizes  # max_running_requests and max_num_batched_tokens as resolved
 
 
 class _Progress:
@@ -83,10 +85,12 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
     elif device.type == "cpu":
         max_context = min(max_context, _CPU_MAX_CONTEXT)
     per_token = bytes_per_token(model_config, dtype)
+    device_memory = None
+    if device.type == "cuda":
+        free, device_memory = torch.cuda.mem_get_info(device)
     if cfg.kv_cache_bytes is not None:
         budget = cfg.kv_cache_bytes
     elif device.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(device)
         budget = int(free * cfg.mem_fraction)
     else:
         budget = cfg.cpu_kv_cache_bytes
@@ -96,11 +100,13 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
             f"KV budget of {budget} bytes holds no page of {cfg.page_size} tokens "
             f"({per_token} bytes per token); raise kv_cache_bytes or mem_fraction"
         )
+    sizes = choose_batch_sizes(device.type, device_memory, num_pages * cfg.page_size,
+                               cfg.max_running_requests, cfg.max_num_batched_tokens)  # fmt: skip
     pool = KVPool(
         model_config,
         num_pages=num_pages,
         page_size=cfg.page_size,
-        num_rows=cfg.max_running_requests + 1,
+        num_rows=sizes.max_running_requests + 1,
         max_context=max_context,
         dtype=dtype,
         device=device,
@@ -115,6 +121,7 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
         dtype=dtype,
         eos_token_ids=eos,
         load_s=time.perf_counter() - t0,
+        sizes=sizes,
     )
 
 

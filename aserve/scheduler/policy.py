@@ -40,6 +40,9 @@ class SchedulerConfig:
 
     @classmethod
     def from_engine(cls, cfg: EngineConfig) -> SchedulerConfig:
+        assert cfg.max_num_batched_tokens is not None and cfg.max_running_requests is not None, (
+            "the engine resolves the batch sizes at load"
+        )
         return cls(
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             max_running_requests=cfg.max_running_requests,
