@@ -24,6 +24,11 @@ class FutureMap:
         self.tokens = torch.full((num_rows,), fill, dtype=torch.int64, device=device)
         self.generations = torch.zeros(num_rows, dtype=torch.int64, device=device)
 
+    def release(self) -> None:
+        """The engine closed: drop the device tensors."""
+        self.tokens = self.tokens.new_empty(0)
+        self.generations = self.generations.new_empty(0)
+
     def publish(self, rows: torch.Tensor, tokens: torch.Tensor, generations: torch.Tensor) -> None:
         # rows, tokens, generations: [N] on the device
         self.tokens[rows] = tokens

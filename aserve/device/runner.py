@@ -73,6 +73,13 @@ class ModelRunner:
             return event.host_time
         return self._clock_host + self._clock_base.elapsed_time(event.cuda_event) / 1e3
 
+    def release(self) -> None:
+        """The engine closed: drop the decode graphs and the staging buffers."""
+        if self.decode_graphs is not None:
+            self.decode_graphs.release()
+        self.staging.clear()
+        self.out_staging.clear()
+
     @property
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"

@@ -21,6 +21,9 @@ class PinnedStaging:
         self.pin = pin
         self._bufs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
 
+    def clear(self) -> None:
+        self._bufs.clear()
+
     def buffer(self, slot: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
         key = (slot % self.num_slots, dtype)
         buf = self._bufs.get(key)

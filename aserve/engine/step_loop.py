@@ -90,6 +90,7 @@ class StepLoop:
             closed = EngineClosedError("the engine shut down before this step state was reached")
             for step in self._uncommitted:
                 step.cancel_unreached(closed)
+            self._uncommitted.clear()  # their keepalive holds device tensors
             for watcher in self._watchers:
                 watcher.close()
 

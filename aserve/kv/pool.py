@@ -42,10 +42,15 @@ class KVPool(KVAllocator):
         self.table_device = torch.zeros(num_rows + 1, max_context, dtype=torch.int64, device=device)
         self.pad_row = num_rows
         self.pad_slot = num_slots
+        self._bytes_per_token = bytes_per_token(config, dtype)
 
     def bytes_per_token(self) -> int:
-        k, _ = self.kv_cache[0]
-        return 2 * len(self.kv_cache) * k.shape[1] * k.shape[2] * k.element_size()
+        return self._bytes_per_token
+
+    def release_device(self) -> None:
+        """The engine closed: drop the KV cache and the request table (the ledger stays readable)."""
+        self.kv_cache = []
+        self.table_device = self.table_device.new_empty(0, 0)
 
 
 def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:
