@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument(
         "--only",
         default="wake,parity,bf16,w2",
-        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, w3, ops, profile, kprofile",
+        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, batch, w3, ops, profile, kprofile",
     )
     ap.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     ap.add_argument(
@@ -64,7 +64,9 @@ def main() -> None:
     )
     ap.add_argument("--w1-requests", type=int, default=1000)
     ap.add_argument("--w1-shapes", default="gemma,llama", help="which shapes W1 runs: gemma, llama or both")
-    ap.add_argument("--w1-peer-requests", type=int, default=100, help="transformers runs this many of the W1 requests")
+    ap.add_argument("--w1-peer-requests", type=int, default=0,
+                    help="transformers runs this many of the W1 requests (0: as many as aserve's max_running_requests)")  # fmt: skip
+    ap.add_argument("--batches", default="64,256,512", help="the 'batch' section's decode batch sizes")
     args = ap.parse_args()
     only = set(args.only.split(","))
     if args.device == "cpu":
@@ -122,7 +124,8 @@ def main() -> None:
             lo, hi = (8, 24) if args.tiny else (128, 1024)
             reqs = gw.w1_requests(args.w1_requests, lo, hi, SHAPES[shape]["vocab_size"], seed=4)
             ours = gw.w1_aserve(path, reqs, args.device, bf16, opts)
-            peer_reqs = reqs[: args.w1_peer_requests]
+            # The peer gets at least as many requests at once as aserve runs at once.
+            peer_reqs = reqs[: max(args.w1_peer_requests, ours["max_running_requests"])]
             _, hf = build_checkpoint(shape, root / "peer", tok)  # same seed: the same weights
             hf = hf.to(device=args.device, dtype=getattr(torch, bf16))
             peer = gw.w1_transformers(hf, peer_reqs)
@@ -137,17 +140,28 @@ def main() -> None:
             print(json.dumps(row), flush=True)
             save()
     if "floor" in only:
-        shape = ll
-        path = root / shape
-        if not (path / "config.json").exists():
-            build_checkpoint(shape, root, tok)
-        batch, ctx = (8, 64) if args.tiny else (256, 1024)
-        spec = {k: v for k, v in SHAPES[shape].items() if k != "arch"}
-        floor = gw.decode_floor(spec, batch, ctx, results["copy_bytes_per_s"], 4 if bf16 == "float32" else 2)
-        step = gw.decode_step_time(path, batch, ctx, args.device, bf16, opts)
-        results["floor"] = {"shape": shape, "batch": batch, "context": ctx, "floor_ms": floor * 1e3,
-                            "step_ms": step * 1e3, "step_over_floor": step / floor}  # fmt: skip
-        print(json.dumps(results["floor"]), flush=True)
+        results["floor"] = []
+        for shape in (g, ll):
+            path = root / shape
+            if not (path / "config.json").exists():
+                build_checkpoint(shape, root, tok)
+            batch, ctx = (8, 64) if args.tiny else (256, 1024)
+            spec = {k: v for k, v in SHAPES[shape].items() if k != "arch"}
+            floor = gw.decode_floor(spec, batch, ctx, results["copy_bytes_per_s"], 4 if bf16 == "float32" else 2)
+            step = gw.decode_step_time(path, batch, ctx, args.device, bf16, opts)
+            results["floor"].append({"shape": shape, "batch": batch, "context": ctx, "floor_ms": floor * 1e3,
+                                     "step_ms": step * 1e3, "step_over_floor": step / floor})  # fmt: skip
+            print(json.dumps(results["floor"][-1]), flush=True)
+            save()
+    if "batch" in only:
+        # Decode-heavy runs at each batch size (128 prompt, 512 output tokens, all at once):
+        # device idle, decode gap and the host's plan / launch / commit per request per step.
+        plen, olen = (16, 24) if args.tiny else (128, 512)
+        results["batch"] = [
+            run_throughput(g, root, tok, args.device, bf16, b, plen, olen, True, b, opts)
+            for b in (int(x) for x in args.batches.split(","))
+        ]
+        print(json.dumps(results["batch"]), flush=True)
         save()
     if "w3" in only:
         path = root / g
@@ -192,10 +206,10 @@ def _table(results: dict[str, Any]) -> None:
         print(
             f"W1 {r['shape']:>12}: aserve {r['aserve']['output_tok_s']:.0f} tok/s ({r['aserve']['requests']} req), "
             f"transformers {r['transformers']['output_tok_s']:.0f} tok/s ({r['transformers']['requests']} req): "
-            f"{r['ratio']:.1f}x"
+            f"{r['ratio']:.1f}x; running {r['aserve'].get('max_running_requests')}, idle "
+            f"{100 * (r['aserve'].get('device_idle_fraction') or 0):.1f}%, gap p50 {r['aserve'].get('median_decode_gap_us')} us"
         )
-    if "floor" in results:
-        f = results["floor"]
+    for f in results.get("floor", []):
         print(f"decode step {f['shape']} b={f['batch']} ctx={f['context']}: {f['step_ms']:.2f} ms, "
               f"floor {f['floor_ms']:.2f} ms ({f['step_over_floor']:.2f}x)")  # fmt: skip
     for r in results.get("w3", []):
@@ -212,18 +226,21 @@ def _table(results: dict[str, Any]) -> None:
             f"parity {p['shape']:>12}: {p['exact_match']}/{p['requests']} exact; first divergence {p['first_divergence']}"
         )
     print(
-        f"{'run':>34} {'tok/s':>9} {'gap p50 us':>10} {'idle%':>6} {'busy ms':>8} {'plan':>6} {'launch':>6} {'commit':>6} {'gc2 n/ms':>9}"
+        f"{'run':>40} {'tok/s':>9} {'gap p50 us':>10} {'idle%':>6} {'busy ms':>8} {'plan':>6} {'launch':>6} {'commit':>6} "
+        f"{'us/req':>6} {'gc2 n/ms':>9}"
     )
-    for key in ("bf16", "w2"):
+    for key in ("bf16", "w2", "batch"):
         for r in results.get(key, []):
-            name = f"{key} {r['shape']} {'overlap' if r['overlap'] else 'serial'}"
+            name = f"{key} {r['shape']} {'overlap' if r['overlap'] else 'serial'} b={r['requests']}"
             gap = r["median_decode_gap_us"]
             idle = r["steady_decode_idle_fraction"]
             full = r.get("gc_pauses", {}).get("gen2", {"count": 0, "total_ms": 0.0})
+            host_us = 1e3 * (r["host_plan_ms_per_step"] + r["host_launch_ms_per_step"] + r["host_commit_ms_per_step"])
             print(
-                f"{name:>34} {r['output_tok_s']:9.1f} {gap if gap is None else round(gap, 1)!s:>10} "
+                f"{name:>40} {r['output_tok_s']:9.1f} {gap if gap is None else round(gap, 1)!s:>10} "
                 f"{'-' if idle is None else round(100 * idle, 2)!s:>6} {r['median_step_busy_ms'] or 0:8.2f} "
                 f"{r['host_plan_ms_per_step']:6.2f} {r['host_launch_ms_per_step']:6.2f} {r['host_commit_ms_per_step']:6.2f} "
+                f"{host_us / r['requests']:6.2f} "
                 f"{full['count']:>3}/{full['total_ms']:<5.1f}"
             )
     sys.stdout.flush()

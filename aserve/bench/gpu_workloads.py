@@ -95,10 +95,9 @@ def w1_aserve(
 ) -> dict[str, Any]:
     async def run() -> dict[str, Any]:
         ctx = max(len(p) + o for p, o in reqs) + 8
-        async with aserve.Engine(
-            model=str(path), device=device, dtype=dtype, max_context=ctx,
-            max_running_requests=256, max_num_batched_tokens=8192, **opts,
-        ) as engine:  # fmt: skip
+        # The defaults a user gets (batch sizes from the device) unless opts set them.
+        async with aserve.Engine(model=str(path), device=device, dtype=dtype, max_context=ctx, **opts) as engine:
+            info = engine.info()
             engine.reset_stats()
             t0 = time.perf_counter()
             total = 0
@@ -114,8 +113,13 @@ def w1_aserve(
                 for p, o in reqs:
                     tg.start_soon(one, p, o)
             wall = time.perf_counter() - t0
+            st = engine.stats()
+        span = st.device_busy_s + st.device_gap_s
         return {"engine": "aserve", "opts": opts, "requests": len(reqs), "output_tokens": total, "wall_s": wall,
-                "output_tok_s": total / wall}  # fmt: skip
+                "output_tok_s": total / wall, "max_running_requests": info["max_running_requests"],
+                "max_num_batched_tokens": info["max_num_batched_tokens"], "batch_sizes": info["batch_sizes"],
+                "device_idle_fraction": st.device_gap_s / span if span else None,
+                "median_decode_gap_us": None if st.median_decode_gap_s is None else st.median_decode_gap_s * 1e6}  # fmt: skip
 
     return anyio.run(run)
 
@@ -151,7 +155,11 @@ def decode_floor(shape_spec: dict[str, Any], batch: int, context: int, bandwidth
     q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
     per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
     weights = (layers * per_layer + vocab * h) * dtype_bytes
-    kv_bytes = batch * context * layers * 2 * kv * dtype_bytes
+    # The KV the attention really reads: a sliding-window layer (Gemma 3: all but every sixth,
+    # as checkpoints.build_checkpoint lays them out) reads at most its window.
+    window = s.get("sliding_window")
+    read = [context if window is None or (i + 1) % 6 == 0 else min(context, window) for i in range(layers)]
+    kv_bytes = batch * sum(read) * 2 * kv * dtype_bytes
     return (weights + kv_bytes) / bandwidth
 
 
