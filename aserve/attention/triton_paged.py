@@ -214,7 +214,9 @@ def _extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
     _t, h, d = q.shape
     hkv = k_cache.shape[1]
     out = torch.empty_like(q)
-    q_start = torch.cumsum(meta.extend_lens, 0) - meta.extend_lens  # [B]
+    q_start = meta.cache.get("triton.q_start")  # [B], once per forward, not per layer
+    if q_start is None:
+        q_start = meta.cache["triton.q_start"] = torch.cumsum(meta.extend_lens, 0) - meta.extend_lens
     block_m = 16 if d > 128 else 32
     table = meta.req_to_token
     grid = (meta.num_seqs, h, triton.cdiv(meta.max_extend, block_m))
@@ -255,6 +257,6 @@ def attend_triton(
     """Attention of q [T, H, D] over the caches, whose new tokens' K/V are already written."""
     assert q.shape[2] in (16, 32, 64, 128, 256), f"head_dim {q.shape[2]} is not supported by the Triton kernels"
     q = q.contiguous()
-    if all(e == 1 for e in meta.extend_lens_cpu):
+    if meta.all_decode:
         return _decode(q, k_cache, v_cache, meta, scale, sliding_window)
     return _extend(q, k_cache, v_cache, meta, scale, sliding_window)

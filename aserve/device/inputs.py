@@ -123,25 +123,34 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
     pending: list[tuple[int, int, int]] = []
     sampling = SamplingInputs([], [], [], [], [], [])
     for i, s in enumerate(plan.seqs):
-        rows.append(s.row)
+        row, pos = s.row, s.prefix_len
+        rows.append(row)
         gens.append(s.generation)
-        prefix.append(s.prefix_len)
+        prefix.append(pos)
         extend.append(s.extend_len)
-        slots.extend(s.slots)
-        # Cached prefix slots (first step after a cache hit) and the new tokens' slots.
-        table_rows.extend([s.row] * (len(s.prefix_slots) + s.extend_len))
-        table_cols.extend(range(len(s.prefix_slots)))
-        new_positions = range(s.prefix_len, s.prefix_len + s.extend_len)
-        table_cols.extend(new_positions)
-        positions.extend(new_positions)
-        table_slots.extend(s.prefix_slots)
-        table_slots.extend(s.slots)
         if s.input_ids is None:
+            # A decode (most sequences of a mixed step): one token at ``pos``, never cached-prefix
+            # slots (those come with an admission's first chunk); plain appends, no temporaries.
+            slot = s.slots[0]
+            slots.append(slot)
+            table_rows.append(row)
+            table_cols.append(pos)
+            table_slots.append(slot)
+            positions.append(pos)
             decode_token_idx.append(len(input_ids))
-            decode_rows.append(s.row)
+            decode_rows.append(row)
             decode_gens.append(s.generation)
             input_ids.append(0)
         else:
+            slots.extend(s.slots)
+            # Cached prefix slots (first step after a cache hit) and the new tokens' slots.
+            table_rows.extend([row] * (len(s.prefix_slots) + s.extend_len))
+            table_cols.extend(range(len(s.prefix_slots)))
+            new_positions = range(pos, pos + s.extend_len)
+            table_cols.extend(new_positions)
+            positions.extend(new_positions)
+            table_slots.extend(s.prefix_slots)
+            table_slots.extend(s.slots)
             input_ids.extend(s.input_ids)
         if s.samples:
             sample_idx.append(i)

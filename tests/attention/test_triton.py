@@ -58,14 +58,21 @@ def test_decode_matches_reference(heads: int, kv_heads: int, dim: int, window: i
     assert torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize(
+    ("prefix", "extend"),
+    [([0, 20, 33, 7], [37, 18, 1, 1]), ([33, 7, 0, 20], [1, 1, 37, 18]), ([33, 7, 60], [1, 1, 1])],
+    # Decodes last, decodes first (the planner's order for a mixed step), decodes only.
+    ids=["decodes-last", "decodes-first", "decodes-only"],
+)
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(4, 2, 32, None), (2, 1, 64, 6), (4, 1, 256, 6)])
-def test_extend_mixed_batch_matches_reference(heads: int, kv_heads: int, dim: int, window: int | None) -> None:
-    # A fresh prefill, a chunk after a prefix, and two decodes in one batch.
-    out, ref, _ = _case(2, heads, kv_heads, dim, [0, 20, 33, 7], [37, 18, 1, 1], window)
+def test_extend_mixed_batch_matches_reference(
+    heads: int, kv_heads: int, dim: int, window: int | None, prefix: list[int], extend: list[int]
+) -> None:
+    out, ref, _ = _case(2, heads, kv_heads, dim, prefix, extend, window)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("extend", [[20, 13], [1, 1, 1]], ids=["extend", "decode"])
+@pytest.mark.parametrize("extend", [[20, 13], [1, 1, 1], [1, 1, 20]], ids=["extend", "decode", "mixed"])
 def test_poisoned_output_is_fully_written(monkeypatch: pytest.MonkeyPatch, extend: list[int]) -> None:
     """Both kernels write every element: their output (and split) buffers start as NaN here."""
     import aserve.attention.triton_paged as tp
@@ -98,6 +105,8 @@ def test_random_long_cases_bfloat16(seed: int) -> None:
     decode = seed % 2 == 0
     prefix = [rng.randint(0, 4000) for _ in range(batch)]
     extend = [1] * batch if decode else [rng.randint(1, 300) for _ in range(batch)]
+    if not decode and seed % 4 == 1:  # the planner's mixed step: decodes first, then chunks
+        extend = [1] * (batch // 2) + extend[batch // 2 :]
     if not decode:
         prefix = [p % 1500 for p in prefix]
     cols = max(p + e for p, e in zip(prefix, extend))
