@@ -53,7 +53,7 @@ class EngineConfig:
     max_context: int | None = None  # None: the model's, capped at 8192 on CPU
     # Token budget of one step (chunked prefill beyond it) and the most requests decoding at
     # once (also the largest decode CUDA graph). None: sized from the device at start-up
-    # (aserve/engine/sizing.py: on a GPU from its memory and the KV pool; 2048 and 64 on a CPU).
+    # (aserve/scheduler/sizing.py: on a GPU from its memory and the KV pool; 2048 and 64 on a CPU).
     max_num_batched_tokens: int | None = None
     max_running_requests: int | None = None
     max_waiting_requests: int = 4096

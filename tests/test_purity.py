@@ -12,6 +12,7 @@ PURE = [
     "aserve.scheduler.policy",
     "aserve.scheduler.req",
     "aserve.scheduler.prefix",
+    "aserve.scheduler.sizing",
     "aserve.kv.allocator",
     "aserve.kv.radix",
     "aserve.sampling_params",

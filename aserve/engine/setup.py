@@ -12,11 +12,11 @@ import torch
 
 from aserve.config import EngineConfig
 from aserve.device.events import CpuStream
-from aserve.engine.sizing import BatchSizes, choose_batch_sizes
 from aserve.errors import InvalidRequestError, ModelLoadError
 from aserve.kv.pool import KVPool, bytes_per_token
 from aserve.models.config import ModelConfig
 from aserve.models.loader import load_model
+from aserve.scheduler.sizing import BatchSizes, choose_batch_sizes
 from aserve.tokenizer.tokenizer import Tokenizer
 
 _CPU_MAX_CONTEXT = 8192

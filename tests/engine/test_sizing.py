@@ -10,7 +10,7 @@ import pytest
 
 import aserve
 from aserve.device.decode_graphs import ladder
-from aserve.engine.sizing import GIB, choose_batch_sizes
+from aserve.scheduler.sizing import GIB, choose_batch_sizes
 
 
 def test_cpu_keeps_the_small_sizes() -> None:

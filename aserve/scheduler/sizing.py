@@ -12,7 +12,8 @@ or a CPU, keeps today's sizes (64 running requests, 2048 tokens a step). On CUDA
   (docs/benchmarks.md, issue 15): W1 on the Gemma 3 270M shape ran 1.4x faster at 256 running
   requests and 8192 tokens a step than at 64 and 2048.
 
-Pure policy: no torch, no device; ``aserve.engine.setup`` passes in what it measured.
+Pure policy (tests/test_purity.py): no torch, no device; ``aserve.engine.setup`` passes in what it
+measured.
 """
 
 from __future__ import annotations
