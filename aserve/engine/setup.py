@@ -14,12 +14,14 @@ from aserve.config import EngineConfig
 from aserve.device.events import CpuStream
 from aserve.errors import InvalidRequestError, ModelLoadError
 from aserve.kv.pool import KVPool, bytes_per_token
+from aserve.logs import get_logger
 from aserve.models.config import ModelConfig
 from aserve.models.loader import load_model
 from aserve.scheduler.sizing import BatchSizes, choose_batch_sizes
 from aserve.tokenizer.tokenizer import Tokenizer
 
 _CPU_MAX_CONTEXT = 8192
+log = get_logger("aserve.engine")
 
 
 @dataclass
@@ -100,7 +102,17 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
             f"KV budget of {budget} bytes holds no page of {cfg.page_size} tokens "
             f"({per_token} bytes per token); raise kv_cache_bytes or mem_fraction"
         )
-    sizes = choose_batch_sizes(device.type, device_memory, num_pages * cfg.page_size,
+    kv_tokens = num_pages * cfg.page_size
+    if kv_tokens < max_context:
+        # The context a request may use is what the pool can hold for it alone: advertising
+        # more (/v1/models' max_model_len) let a prompt + max_tokens that fits the context but
+        # not the pool through, to end early with "length" and no word why.
+        log.warning(
+            "kv_pool_smaller_than_context", kv_tokens=kv_tokens, model_context=max_context,
+            hint="max_context lowered to the pool's size; raise --kv-cache-bytes or --mem-fraction for more",
+        )  # fmt: skip
+        max_context = kv_tokens
+    sizes = choose_batch_sizes(device.type, device_memory, kv_tokens,
                                cfg.max_running_requests, cfg.max_num_batched_tokens)  # fmt: skip
     pool = KVPool(
         model_config,

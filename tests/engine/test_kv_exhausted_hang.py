@@ -76,3 +76,17 @@ def test_a_request_that_outgrows_the_pool_ends_with_a_typed_error(
     assert isinstance(err, aserve.KVCapacityError) and "max_tokens" in str(err)
     assert other.finish_reason == "length" and len(other.token_ids) == 5
     assert ledger.all_free and ledger.balanced
+
+
+def test_max_context_is_what_the_pool_holds(tiny_llama: tuple[Path, Any]) -> None:
+    """A pool smaller than the model's context lowers the context every caller sees (the
+    server's max_model_len, its prompt + max_tokens check) instead of ending requests early."""
+    path, _ = tiny_llama
+
+    async def run() -> tuple[int, dict[str, Any]]:
+        cfg = aserve.EngineConfig(model=str(path), warmup=False, page_size=4, kv_cache_bytes=PER_TOKEN * 4 * 10)
+        async with aserve.Engine(cfg) as engine:
+            return engine.max_context, engine.info()
+
+    ctx, info = anyio.run(run)
+    assert ctx == info["kv_tokens"] == 40 and info["full_context_requests_that_fit"] == 1
