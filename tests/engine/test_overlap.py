@@ -175,15 +175,26 @@ def test_overlap_hides_host_time(tiny_llama: tuple[Path, Any], host_ms: int, dev
             assert len(r.token_ids) == steps
             return total / steps, engine.stats().median_decode_gap_s
 
-    per_serial, gap_serial = anyio.run(run, False)
-    per_overlap, gap_overlap = anyio.run(run, True)
-    assert per_serial == pytest.approx(host_s + device_s, rel=0.25)
-    assert per_overlap == pytest.approx(max(host_s, device_s), rel=0.25)
-    # And relative to each other: overlap hides at least 3/4 of the smaller part.
-    assert per_overlap <= per_serial - 0.75 * min(host_s, device_s)
-    # The engine's own instrumentation sees the device wait for the host only when serial.
-    assert gap_serial is not None and gap_serial >= 0.8 * host_s
-    assert gap_overlap is not None and gap_overlap <= max(0.0, host_s - device_s) + 0.005
+    def check() -> None:
+        per_serial, gap_serial = anyio.run(run, False)
+        per_overlap, gap_overlap = anyio.run(run, True)
+        assert per_serial == pytest.approx(host_s + device_s, rel=0.25)
+        assert per_overlap == pytest.approx(max(host_s, device_s), rel=0.25)
+        # And relative to each other: overlap hides at least 3/4 of the smaller part.
+        assert per_overlap <= per_serial - 0.75 * min(host_s, device_s)
+        # The engine's own instrumentation sees the device wait for the host only when serial.
+        assert gap_serial is not None and gap_serial >= 0.8 * host_s
+        assert gap_overlap is not None and gap_overlap <= max(0.0, host_s - device_s) + 0.005
+
+    # On a loaded machine a sleep can overshoot and make one run slow; a serial engine can
+    # never look overlapped, so a pass in any of three attempts is a real pass.
+    for attempt in range(3):
+        try:
+            check()
+            return
+        except AssertionError:
+            if attempt == 2:
+                raise
 
 
 def test_depth_three_plans_penalised_requests_one_step_ahead_at_most() -> None:
