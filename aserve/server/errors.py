@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from aserve.errors import AserveError, EngineClosedError, EngineOverloadedError
@@ -97,6 +97,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return error_response(exc.status_code, str(exc.detail), kind, headers=exc.headers)
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # The client hung up while sending its body: nothing of ours failed, no traceback to log.
+    # 499 only makes the request's one log line say so; Hypercorn sends nothing, the connection being gone.
+    assert isinstance(exc, ClientDisconnect), exc
+    return Response(status_code=499)
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     # A bug on our side: keep the traceback in the log, give the client the same JSON shape.
     log.exception("unhandled_error", path=request.url.path)
@@ -109,5 +116,6 @@ def exception_handlers() -> dict[Any, Any]:
         AserveError: _aserve_error,
         ValidationError: _validation_error,
         HTTPException: _http_error,
+        ClientDisconnect: _client_gone,
         Exception: _unexpected,
     }

@@ -1,0 +1,71 @@
+"""Hostile clients against a real `aserve serve`: bodies cut short, lone surrogates, and what
+the log shows of them (no tracebacks, no request content, JSON on every line when asked)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "api-workers-2"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    srv = ServerProcess("--api-workers", request.param, log_path=tmp_path_factory.mktemp("srv") / "server.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _cut_short(port: int, clients: int) -> None:
+    """``clients`` POSTs that promise 100 bytes of body, send one, and hang up."""
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {API_KEY}\r\nContent-Length: 100\r\n\r\n{{"
+    ).encode()
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(clients)]
+    for s in socks:
+        s.sendall(head)
+    time.sleep(0.2)  # let the server start reading each body before the hang-up
+    for s in socks:
+        s.close()
+
+
+def _log_lines(srv: ServerProcess) -> list[str]:
+    srv._log.flush()
+    return srv.log_path.read_text(errors="replace").splitlines()
+
+
+def test_body_cut_short_is_not_an_error(server: ServerProcess) -> None:
+    clients = 20
+    before = len(_log_lines(server))
+    _cut_short(server.port, clients)
+    start = time.monotonic()
+    r = httpx.get(server.base_url + "/health", timeout=30)
+    took = time.monotonic() - start
+    assert r.status_code == 200
+    assert took < 5.0, f"/health took {took:.1f}s after {clients} clients hung up mid-body"
+    # Wait until every cut-short request has logged its end, then look at what it logged.
+    deadline = time.monotonic() + 30
+    while True:
+        new = _log_lines(server)[before:]
+        ended = [ln for ln in new if "path=/v1/completions" in ln]
+        if len(ended) >= clients or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    text = "\n".join(new)
+    assert len(ended) == clients, text[-4000:]
+    assert all("status=499" in ln for ln in ended), text[-4000:]
+    assert "Traceback" not in text and "unhandled_error" not in text and "Error in ASGI" not in text, text[-4000:]
+    assert len(new) < 20 * clients, f"{len(new)} log lines for {clients} clients"
+    # The server still serves.
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
+    assert httpx.post(server.base_url + "/v1/completions", json=body, headers=AUTH, timeout=60).status_code == 200
