@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -59,11 +60,53 @@ async def _read_json(request: Request, limit: int) -> Any:
         if len(body) > limit:  # a chunked body has no Content-Length to check up front
             raise APIError(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error")
     try:
-        return json.loads(bytes(body).decode("utf-8"))
+        value = json.loads(bytes(body).decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise APIError(400, f"request body is not valid UTF-8: {exc}", "invalid_request_error") from exc
     except (json.JSONDecodeError, RecursionError) as exc:
         raise APIError(400, f"request body is not valid JSON: {exc}", "invalid_request_error") from exc
+    # JSON may escape half of a UTF-16 pair ("\ud800"): such a str cannot be encoded, so it
+    # would fail later, in the tokenizer or the response. Only a body with such an escape is walked.
+    if _SURROGATE_ESCAPE.search(body):
+        where = _lone_surrogate(value)
+        if where is not None:
+            raise APIError(
+                400,
+                f"{where or 'request body'}: contains a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape)",
+                "invalid_request_error",
+                param=where or None,
+            )
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The dotted path (as pydantic names fields) of a str holding a lone surrogate, or
+    None. A bad key names its object: the path goes back to the client, so it must encode."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:  # a stack, not recursion: nesting depth is the client's choice
+        path, item = stack.pop()
+        if isinstance(item, str):
+            if _has_surrogate(item):
+                return path
+        elif isinstance(item, dict):
+            for key, sub in item.items():
+                if _has_surrogate(key):
+                    return path
+                stack.append((f"{path}.{key}" if path else key, sub))
+        elif isinstance(item, list):
+            stack.extend((f"{path}.{i}" if path else str(i), sub) for i, sub in enumerate(item))
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
 
 
 def _check_model(server: ServerState, name: str) -> None:

@@ -69,3 +69,39 @@ def test_body_cut_short_is_not_an_error(server: ServerProcess) -> None:
     # The server still serves.
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
     assert httpx.post(server.base_url + "/v1/completions", json=body, headers=AUTH, timeout=60).status_code == 200
+
+
+# Raw JSON text, so that each escape reaches the server exactly as a hostile client wrote it.
+SURROGATES: list[tuple[str, str, bytes, str]] = [
+    ("prompt", "/v1/completions", rb'{"model": "gemma-3-270m", "prompt": "x \ud800"}', "prompt"),
+    ("prompt list", "/v1/completions", rb'{"model": "gemma-3-270m", "prompt": ["x \udfff"]}', "prompt.0"),
+    ("model", "/v1/completions", rb'{"model": "x \ud800", "prompt": "hi"}', "model"),
+    (
+        "chat content",
+        "/v1/chat/completions",
+        rb'{"model": "gemma-3-270m", "messages": [{"role": "user", "content": "a \uDC00 b"}]}',
+        "messages.0.content",
+    ),
+    (
+        "chat model",
+        "/v1/chat/completions",
+        rb'{"model": "\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+        "model",
+    ),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "param"), [r[1:] for r in SURROGATES], ids=[r[0] for r in SURROGATES])
+def test_lone_surrogate_is_a_400(server: ServerProcess, path: str, body: bytes, param: str) -> None:
+    r = httpx.post(server.base_url + path, content=body, headers={**AUTH, "Content-Type": "application/json"})
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] == 400 and err["param"] == param, err
+    assert "surrogate" in err["message"]
+
+
+def test_surrogate_pair_is_fine(server: ServerProcess) -> None:
+    """A whole pair (an emoji) is ordinary text; only the unpaired half is refused."""
+    body = rb'{"model": "gemma-3-270m", "prompt": "Smile \ud83d\ude00", "max_tokens": 1}'
+    r = httpx.post(server.base_url + "/v1/completions", content=body, headers=AUTH, timeout=60)
+    assert r.status_code == 200, r.text
