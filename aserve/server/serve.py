@@ -8,6 +8,7 @@ an SSE error event; only then does Hypercorn stop listening and close connection
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import sys
 from typing import Any
@@ -28,6 +29,10 @@ def hypercorn_config(host: str, port: int) -> Any:
     hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     hc.backlog = 2048  # Hypercorn's 100 is short of 256 clients connecting at once (uvicorn's is 2048)
     hc.accesslog = None  # the app logs each request with its id
+    # A Logger, not "-": Hypercorn then adds no plain-text handler of its own, and its records
+    # reach the root logger's handler from configure_logging (JSON lines with --log-format json).
+    # Its INFO ("Running on ...") stays below the root's WARNING; our "serving" event says it.
+    hc.errorlog = logging.getLogger("hypercorn.error")
     return hc
 
 

@@ -3,9 +3,11 @@ the log shows of them (no tracebacks, no request content, JSON on every line whe
 
 from __future__ import annotations
 
+import json
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -105,3 +107,32 @@ def test_surrogate_pair_is_fine(server: ServerProcess) -> None:
     body = rb'{"model": "gemma-3-270m", "prompt": "Smile \ud83d\ude00", "max_tokens": 1}'
     r = httpx.post(server.base_url + "/v1/completions", content=body, headers=AUTH, timeout=60)
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("api_workers", ["0", "2"], ids=["one-process", "api-workers-2"])
+def test_json_log_is_json_on_every_line(tmp_path: Path, api_workers: str) -> None:
+    """With --log-format json every line is JSON (Hypercorn's own lines too), and no request
+    content reaches the log."""
+    srv = ServerProcess("--log-format", "json", "--api-workers", api_workers, log_path=tmp_path / "server.log")
+    secret = "do-not-log-this-prompt"
+    try:
+        srv.wait_ready()
+        ok = {"model": MODEL, "prompt": secret, "max_tokens": 1}
+        assert httpx.post(srv.base_url + "/v1/completions", json=ok, headers=AUTH, timeout=60).status_code == 200
+        bad = f'{{"model": "{MODEL}", "prompt": "{secret} \\ud800"}}'.encode()
+        assert httpx.post(srv.base_url + "/v1/completions", content=bad, headers=AUTH).status_code == 400
+        assert httpx.post(srv.base_url + "/v1/completions", content=b"{", headers=AUTH).status_code == 400
+        _cut_short(srv.port, 3)
+        assert httpx.get(srv.base_url + "/health", timeout=30).status_code == 200
+    finally:
+        assert srv.stop() == 0, srv.log_tail()
+    lines = srv.log_path.read_text(errors="replace").splitlines()
+    assert lines
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except json.JSONDecodeError:
+            pytest.fail(f"not JSON: {line!r}")
+        assert isinstance(event, dict) and "event" in event, line
+        assert event.get("exc_info") is None, line  # a traceback comes formatted, as "exception"
+    assert secret not in "\n".join(lines)
