@@ -63,7 +63,7 @@ async def _read_json(request: Request, limit: int) -> Any:
         value = json.loads(bytes(body).decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise APIError(400, f"request body is not valid UTF-8: {exc}", "invalid_request_error") from exc
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or an int of over 4300 digits
         raise APIError(400, f"request body is not valid JSON: {exc}", "invalid_request_error") from exc
     # JSON may escape half of a UTF-16 pair ("\ud800"): such a str cannot be encoded, so it
     # would fail later, in the tokenizer or the response. Only a body with such an escape is walked.

@@ -187,6 +187,7 @@ MALFORMED: list[tuple[str, bytes, dict[str, str], int, str | None]] = [
     ("top_p = 2", json.dumps({"model": MODEL, "prompt": "hi", "top_p": 2}).encode(), {}, 400, "top_p"),
     ("oversized body", json.dumps({"model": MODEL, "prompt": "x" * 70000}).encode(), {}, 413, None),
     ("invalid utf-8", b'{"model": "gemma-3-270m", "prompt": "\xff\xfe"}', {}, 400, None),
+    ("huge integer", b'{"model": "gemma-3-270m", "prompt": "hi", "max_tokens": ' + b"1" * 5000 + b"}", {}, 400, None),
     ("unknown model", json.dumps({"model": "gpt-9", "prompt": "hi"}).encode(), {}, 404, "model"),
     (
         "wrong api key",
