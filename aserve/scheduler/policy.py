@@ -72,10 +72,6 @@ class SeqPlan:
     prefix_slots: Sequence[int] = ()  # cached prefix slots for positions [0, len)
 
     @property
-    def is_decode(self) -> bool:
-        return self.input_ids is None
-
-    @property
     def kv_end(self) -> int:
         """Positions [0, kv_end) hold KV once this step is committed."""
         return self.prefix_len + self.extend_len
@@ -86,10 +82,10 @@ class Plan:
 
     __slots__ = ("num_decodes", "num_tokens", "seqs")
 
-    def __init__(self, seqs: list[SeqPlan], num_decodes: int | None = None) -> None:
+    def __init__(self, seqs: list[SeqPlan]) -> None:
         self.seqs = seqs
         self.num_tokens = sum(s.extend_len for s in seqs)
-        self.num_decodes = sum(1 for s in seqs if s.input_ids is None) if num_decodes is None else num_decodes
+        self.num_decodes = sum(1 for s in seqs if s.input_ids is None)
 
 
 class Blocked(Enum):
@@ -217,7 +213,7 @@ class Scheduler:
             if not pipeline_busy and self._unstick():
                 return self.schedule(pipeline_busy)
             return Blocked.IDLE
-        return Plan(seqs, num_decodes)
+        return Plan(seqs)
 
     def _unstick(self) -> bool:
         """Nothing could be planned and nothing is in flight: make progress possible.

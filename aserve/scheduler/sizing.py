@@ -48,25 +48,31 @@ def choose_batch_sizes(
     ``device_memory``: the device's total memory in bytes (None on a CPU); ``kv_tokens``:
     the KV pool's capacity in tokens."""
     why: list[str] = []
+    gpu_memory = device_memory if device_type == "cuda" else None
     if max_num_batched_tokens is not None:
         batched = max_num_batched_tokens
         why.append("max_num_batched_tokens given")
-    elif device_type != "cuda" or device_memory is None:
+    elif gpu_memory is None:
         batched = CPU_MAX_BATCHED_TOKENS
         why.append(f"max_num_batched_tokens {batched} (CPU default)")
     else:
-        batched = 2048 if device_memory < 24 * GIB else 4096 if device_memory < 60 * GIB else 8192
-        why.append(f"max_num_batched_tokens {batched} ({device_memory / GIB:.0f} GiB device)")
+        batched = _by_memory(gpu_memory, 2048, 4096, 8192)
+        why.append(f"max_num_batched_tokens {batched} ({gpu_memory / GIB:.0f} GiB device)")
     if max_running_requests is not None:
         running = max_running_requests
         why.append("max_running_requests given")
-    elif device_type != "cuda" or device_memory is None:
+    elif gpu_memory is None:
         running = CPU_MAX_RUNNING
         why.append(f"max_running_requests {running} (CPU default)")
     else:
-        cap = 64 if device_memory < 24 * GIB else 128 if device_memory < 60 * GIB else 256
+        cap = _by_memory(gpu_memory, 64, 128, 256)
         by_kv = kv_tokens // _TOKENS_PER_REQUEST
         running = max(16, min(cap, by_kv) // 8 * 8)
         limit = "device memory" if cap <= by_kv else f"KV for {_TOKENS_PER_REQUEST} tokens each"
         why.append(f"max_running_requests {running} ({limit}: {kv_tokens} KV tokens, cap {cap})")
     return BatchSizes(running, batched, "; ".join(why))
+
+
+def _by_memory(memory: int, small: int, mid: int, large: int) -> int:
+    """``small`` under 24 GiB of device memory, ``mid`` under 60 GiB, ``large`` above."""
+    return small if memory < 24 * GIB else mid if memory < 60 * GIB else large
