@@ -27,6 +27,7 @@ import anyio
 
 from aserve.config import EngineConfig
 from aserve.logs import configure_logging, get_logger
+from aserve.server.limits import BodyLimits
 
 log = get_logger("aserve.launcher")
 
@@ -38,7 +39,7 @@ class FrontEndSpec:
     port: int
     api_key: str | None
     served_model_name: str
-    max_body_bytes: int
+    body: BodyLimits
     shutdown_timeout: float
     core_address: str
     log_format: str
@@ -65,7 +66,7 @@ def run_front_end(spec: FrontEndSpec, sockets: Any) -> None:
             port=spec.port,
             api_key=spec.api_key,
             served_model_name=spec.served_model_name,
-            max_body_bytes=spec.max_body_bytes,
+            body=spec.body,
             shutdown_timeout=spec.shutdown_timeout,
             sockets=sockets,
             core_address=spec.core_address,
@@ -82,7 +83,7 @@ async def serve_with_front_ends(
     port: int,
     api_key: str | None,
     served_model_name: str,
-    max_body_bytes: int,
+    body: BodyLimits,
     shutdown_timeout: float,
     log_format: str,
 ) -> int:
@@ -96,7 +97,7 @@ async def serve_with_front_ends(
     os.mkdir(metrics_dir)
     # Set before the front ends start (spawned, so they import prometheus-client afresh).
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
-    spec = FrontEndSpec(config, host, port, api_key, served_model_name, max_body_bytes, shutdown_timeout,
+    spec = FrontEndSpec(config, host, port, api_key, served_model_name, body, shutdown_timeout,
                         f"ipc://{workdir}/core", log_format)  # fmt: skip
     ctx = multiprocessing.get_context("spawn")
     procs: dict[int, BaseProcess] = {}

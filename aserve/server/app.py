@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from aserve.config import EngineConfig
 from aserve.logs import get_logger
 from aserve.server.errors import error_response, exception_handlers
+from aserve.server.limits import DEFAULT_BODY_LIMITS, BodyLimits
 from aserve.server.routes import routes
 from aserve.server.state import ServerSettings, ServerState
 
@@ -96,14 +97,14 @@ def create_app(
     *,
     api_key: str | None = None,
     served_model_name: str = "gemma-3-270m",
-    max_body_bytes: int = 1 << 20,
+    body: BodyLimits = DEFAULT_BODY_LIMITS,
     core_address: str | None = None,
 ) -> Starlette:
     """The app; with ``core_address`` its engine is the engine core of another process
     (``aserve serve --api-workers N``), else an embedded ``Engine``."""
     from starlette.middleware import Middleware
 
-    settings = ServerSettings(config, api_key, served_model_name, max_body_bytes, core_address)
+    settings = ServerSettings(config, api_key, served_model_name, body, core_address)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from aserve.config import add_engine_args, engine_config_from_args
 from aserve.logs import configure_logging
+from aserve.server.limits import BodyLimits
 from aserve.server.serve import serve
 
 API_KEY_ENV = "ASERVE_API_KEY"
@@ -26,7 +27,10 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help=f"require this Bearer token on /v1 (or set {API_KEY_ENV})")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the --model value)")
-    p.add_argument("--max-body-bytes", type=int, default=1 << 20, help="largest accepted request body (413 beyond)")
+    p.add_argument("--max-body-bytes", type=int, default=BodyLimits.max_bytes,
+                   help="largest accepted request body (413 beyond)")  # fmt: skip
+    p.add_argument("--body-timeout", type=float, default=BodyLimits.timeout_s,
+                   help="seconds a request body may take to arrive (408 beyond)")  # fmt: skip
     p.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -58,7 +62,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "port": args.port,
         "api_key": api_key,
         "served_model_name": args.served_model_name or config.model,
-        "max_body_bytes": args.max_body_bytes,
+        "body": BodyLimits(args.max_body_bytes, args.body_timeout),
         "shutdown_timeout": args.shutdown_timeout,
     }
     if workers > 0:

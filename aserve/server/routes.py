@@ -22,6 +22,7 @@ from aserve.ipc.client import EngineClient
 from aserve.outputs import Delta, Usage
 from aserve.sampling_params import SamplingParams
 from aserve.server.errors import APIError
+from aserve.server.limits import BodyLimits
 from aserve.server.openapi import openapi_document
 from aserve.server.protocol import (
     ChatChunkChoice,
@@ -50,15 +51,20 @@ def _server(request: Request) -> ServerState:
     return cast(ServerState, request.state.server)
 
 
-async def _read_json(request: Request, limit: int) -> Any:
+async def _read_json(request: Request, limits: BodyLimits) -> Any:
+    limit = limits.max_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"request body is {declared} bytes; the limit is {limit}", "invalid_request_error")
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:  # a chunked body has no Content-Length to check up front
-            raise APIError(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error")
+    with anyio.move_on_after(limits.timeout_s) as arrival:
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:  # a chunked body has no Content-Length to check up front
+                raise APIError(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error")
+    if arrival.cancelled_caught:
+        # The body was not read to its end, so the connection cannot be reused: Hypercorn closes it.
+        raise APIError(408, f"the request body did not arrive within {limits.timeout_s:g} s", "invalid_request_error")
     try:
         value = json.loads(bytes(body).decode("utf-8"))
     except UnicodeDecodeError as exc:
@@ -269,12 +275,12 @@ async def _while_connected(request: Request, work: Callable[[], Awaitable[T]], n
 
 
 async def completions(request: Request) -> Response:
-    req = CompletionRequest.model_validate(await _read_json(request, _server(request).settings.max_body_bytes))
+    req = CompletionRequest.model_validate(await _read_json(request, _server(request).settings.body))
     return await _generate(request, "completions", req, lambda tok: _completion_prompt(tok, req.prompt))
 
 
 async def chat_completions(request: Request) -> Response:
-    req = ChatCompletionRequest.model_validate(await _read_json(request, _server(request).settings.max_body_bytes))
+    req = ChatCompletionRequest.model_validate(await _read_json(request, _server(request).settings.body))
 
     def prompt_of(tok: Tokenizer) -> list[int]:
         # The template already starts with BOS; encoding must not add a second one.

@@ -17,6 +17,7 @@ import anyio
 
 from aserve.config import EngineConfig
 from aserve.logs import get_logger
+from aserve.server.limits import DEFAULT_BODY_LIMITS, BodyLimits
 
 log = get_logger("aserve.server")
 
@@ -43,7 +44,7 @@ async def serve(
     port: int = 8000,
     api_key: str | None = None,
     served_model_name: str = "gemma-3-270m",
-    max_body_bytes: int = 1 << 20,
+    body: BodyLimits = DEFAULT_BODY_LIMITS,
     shutdown_timeout: float = 30.0,
     sockets: Any = None,
     core_address: str | None = None,
@@ -57,7 +58,7 @@ async def serve(
     from aserve.server.app import create_app
     from aserve.server.state import ServerState
 
-    app = create_app(config, api_key=api_key, served_model_name=served_model_name, max_body_bytes=max_body_bytes,
+    app = create_app(config, api_key=api_key, served_model_name=served_model_name, body=body,
                      core_address=core_address)  # fmt: skip
     hc = hypercorn_config(host, port)
     # Our own drain has already ended every request by the time Hypercorn waits on connections.

@@ -14,6 +14,7 @@ from aserve.config import EngineConfig
 from aserve.engine import Engine
 from aserve.logs import get_logger
 from aserve.server.errors import RETRY_AFTER_S, APIError
+from aserve.server.limits import BodyLimits
 from aserve.server.metrics import ServerMetrics
 from aserve.stats import EngineStats
 
@@ -28,7 +29,7 @@ class ServerSettings:
     config: EngineConfig
     api_key: str | None
     served_model_name: str
-    max_body_bytes: int
+    body: BodyLimits
     core_address: str | None = None  # the engine core's ZeroMQ address, when it runs in another process
 
 

@@ -15,11 +15,13 @@ import pytest
 from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess
 
 pytestmark = pytest.mark.slow
+BODY_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "api-workers-2"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess("--api-workers", request.param, log_path=tmp_path_factory.mktemp("srv") / "server.log")
+    srv = ServerProcess("--api-workers", request.param, "--body-timeout", str(BODY_TIMEOUT_S),
+                        log_path=tmp_path_factory.mktemp("srv") / "server.log")  # fmt: skip
     try:
         srv.wait_ready()
         yield srv
@@ -71,6 +73,24 @@ def test_body_cut_short_is_not_an_error(server: ServerProcess) -> None:
     # The server still serves.
     body = {"model": MODEL, "prompt": "Hi", "max_tokens": 1}
     assert httpx.post(server.base_url + "/v1/completions", json=body, headers=AUTH, timeout=60).status_code == 200
+
+
+def test_a_body_that_stops_arriving_gets_408_and_the_connection_closes(server: ServerProcess) -> None:
+    """Slowloris: headers and one byte of a 100-byte body, then nothing."""
+    head = (
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {API_KEY}\r\nContent-Length: 100\r\n\r\n{{"
+    ).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as s:
+        s.sendall(head)
+        start = time.monotonic()
+        data = b""
+        while chunk := s.recv(65536):  # until the server closes the connection
+            data += chunk
+        took = time.monotonic() - start
+    assert data.startswith(b"HTTP/1.1 408"), data[:200]
+    assert b"did not arrive within" in data
+    assert BODY_TIMEOUT_S <= took < BODY_TIMEOUT_S + 30, took
 
 
 # Raw JSON text, so that each escape reaches the server exactly as a hostile client wrote it.

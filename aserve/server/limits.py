@@ -1,0 +1,18 @@
+"""Per-request limits of the HTTP server (a light module: ``aserve serve --help`` imports it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class BodyLimits:
+    """What a request body may cost: its size (413 beyond) and how long it may take to
+    arrive (408 beyond: a client that sends headers and part of a body, then waits, would
+    otherwise hold its connection and request task for as long as it likes)."""
+
+    max_bytes: int = 1 << 20
+    timeout_s: float = 30.0
+
+
+DEFAULT_BODY_LIMITS = BodyLimits()
