@@ -86,12 +86,16 @@ async def serve_with_front_ends(
     body: BodyLimits,
     shutdown_timeout: float,
     log_format: str,
+    sockets: Any = None,
 ) -> int:
+    """The engine core here, ``workers`` front ends in their own processes, all on the same
+    listening ``sockets`` (bound here when not given)."""
     from aserve.engine import Engine
     from aserve.ipc.core import CoreService
     from aserve.server.serve import hypercorn_config
 
-    sockets = hypercorn_config(host, port).create_sockets()
+    if sockets is None:
+        sockets = hypercorn_config(host, port).create_sockets()
     workdir = tempfile.mkdtemp(prefix="aserve-")
     metrics_dir = os.path.join(workdir, "metrics")
     os.mkdir(metrics_dir)

@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 from aserve.config import add_engine_args, engine_config_from_args
 from aserve.logs import configure_logging
 from aserve.server.limits import BodyLimits
-from aserve.server.serve import serve
+from aserve.server.serve import hypercorn_config, serve
 
 API_KEY_ENV = "ASERVE_API_KEY"
 
@@ -57,6 +58,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from aserve.ipc.launcher import default_api_workers, serve_with_front_ends
 
     workers = args.api_workers if args.api_workers is not None else default_api_workers(config)
+    # Listen first: a busy port is one line now, not a traceback after the model has loaded.
+    try:
+        sockets = hypercorn_config(args.host, args.port).create_sockets()
+    except OSError as exc:
+        print(f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+              "(another server there? choose one with --port)", file=sys.stderr)  # fmt: skip
+        return 2
     common: dict[str, Any] = {
         "host": args.host,
         "port": args.port,
@@ -64,6 +72,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "served_model_name": args.served_model_name or config.model,
         "body": BodyLimits(args.max_body_bytes, args.body_timeout),
         "shutdown_timeout": args.shutdown_timeout,
+        "sockets": sockets,
     }
     if workers > 0:
         return asyncio.run(serve_with_front_ends(config, workers=workers, log_format=args.log_format, **common))

@@ -49,8 +49,9 @@ async def serve(
     sockets: Any = None,
     core_address: str | None = None,
 ) -> int:
-    """Serve until a signal (then drain) or until the engine ends. ``sockets`` (listening
-    sockets made by a parent process) and ``core_address`` (its engine core): a front end of
+    """Serve until a signal (then drain) or until the engine ends. ``sockets``: listening
+    sockets bound beforehand (by ``aserve serve``, or by the parent of a front end), else
+    bound here. ``core_address`` (an engine core in another process): a front end of
     ``aserve serve --api-workers N``."""
     from hypercorn.app_wrappers import ASGIWrapper
     from hypercorn.asyncio.run import worker_serve
