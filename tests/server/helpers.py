@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +104,14 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + " ") or line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     raise KeyError(name)
+
+
+@contextmanager
+def running_server(*extra: str, log_dir: Path) -> Iterator[ServerProcess]:
+    """``aserve serve *extra`` started and ready for the block, stopped after it."""
+    srv = ServerProcess(*extra, log_path=log_dir / "server.log")
+    try:
+        srv.wait_ready()
+        yield srv
+    finally:
+        srv.stop()

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess
+from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess, running_server
 
 pytestmark = pytest.mark.slow
 BODY_TIMEOUT_S = 2
@@ -20,13 +20,9 @@ BODY_TIMEOUT_S = 2
 
 @pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "api-workers-2"])
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess("--api-workers", request.param, "--body-timeout", str(BODY_TIMEOUT_S),
-                        log_path=tmp_path_factory.mktemp("srv") / "server.log")  # fmt: skip
-    try:
-        srv.wait_ready()
+    with running_server("--api-workers", request.param, "--body-timeout", str(BODY_TIMEOUT_S),
+                        log_dir=tmp_path_factory.mktemp("srv")) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 def _cut_short(port: int, clients: int) -> None:

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess, metric, parse_sse
+from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess, metric, parse_sse, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -26,13 +26,9 @@ pytestmark = pytest.mark.slow
 def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """Every test runs against both shapes of ``aserve serve``: the engine and the HTTP app in
     one process, and the engine core with two front-end processes over ZeroMQ."""
-    srv = ServerProcess("--max-body-bytes", "65536", "--api-workers", request.param,
-                        log_path=tmp_path_factory.mktemp("srv") / "server.log")  # fmt: skip
-    try:
-        srv.wait_ready()
+    with running_server("--max-body-bytes", "65536", "--api-workers", request.param,
+                        log_dir=tmp_path_factory.mktemp("srv")) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 @pytest.fixture(scope="module")

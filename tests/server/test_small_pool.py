@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.server.helpers import API_KEY, ServerProcess
+from tests.server.helpers import API_KEY, ServerProcess, running_server
 
 # The default model on a CPU (float32): 18 layers x 1 KV head x 256 x (K + V) x 4 bytes.
 BYTES_PER_TOKEN = 18 * 256 * 2 * 4
@@ -19,13 +19,9 @@ POOL_TOKENS = 960
 
 @pytest.fixture(scope="module")
 def small_pool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    srv = ServerProcess("--kv-cache-bytes", str(POOL_TOKENS * BYTES_PER_TOKEN),
-                        log_path=tmp_path_factory.mktemp("srv") / "server.log")  # fmt: skip
-    try:
-        srv.wait_ready()
+    with running_server("--kv-cache-bytes", str(POOL_TOKENS * BYTES_PER_TOKEN),
+                        log_dir=tmp_path_factory.mktemp("srv")) as srv:  # fmt: skip
         yield srv
-    finally:
-        srv.stop()
 
 
 def test_small_pool_is_advertised_and_enforced(small_pool_server: ServerProcess) -> None:
