@@ -57,17 +57,18 @@ async def _info(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and flag; builds without importing torch, so ``--help`` is quick."""
     parser = argparse.ArgumentParser(prog="aserve", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="stream a completion to the terminal")
-    gen.add_argument("prompt")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--seed-request", type=int, default=None, help="per-request sampling seed")
+    gen.add_argument("prompt", help="the prompt text")
+    gen.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most (default: %(default)s)")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default: %(default)s)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (default: %(default)s)")
+    gen.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest, 0: all (default: %(default)s)")
+    gen.add_argument("--seed-request", type=int, default=None, help="per-request sampling seed (default: --seed's)")
     gen.add_argument("--stop", action="append", help="stop string (repeatable)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     gen.add_argument("--stats", action="store_true", help="print engine stats at the end")
@@ -84,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from aserve.server.command import add_serve_subcommand
 
     add_serve_subcommand(sub)
+    return parser
 
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     # Terminal commands print their own output; per-request log lines would interleave with it.
     quiet = args.command in ("generate", "info", "verify")

@@ -6,13 +6,16 @@ import argparse
 import importlib.util
 import types
 from dataclasses import MISSING, dataclass, fields
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from aserve.errors import InvalidRequestError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where a device or dtype is resolved, not here: `aserve --help` and the
+# flag parsing of every subcommand read this module, and importing torch costs seconds.
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,8 @@ class EngineConfig:
 
     @property
     def torch_device(self) -> torch.device:
+        import torch
+
         if self.device is not None:
             return torch.device(self.device)
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -136,8 +141,10 @@ class EngineConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
+        import torch
+
         if self.dtype is not None:
-            return _DTYPES[self.dtype]
+            return getattr(torch, self.dtype)  # type: ignore[no-any-return]
         return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
 
     @classmethod
@@ -150,7 +157,43 @@ class EngineConfig:
 
 
 # Command-line flags: one per EngineConfig field, shared by every `aserve` subcommand that
-# starts an engine (generate, info, verify, serve).
+# starts an engine (generate, info, verify, serve). Every field has its help line here (a test
+# checks it); a field whose default is None says there what "unset" picks.
+FLAG_HELP: dict[str, str] = {
+    "model": "a GGUF file, a Hugging Face checkpoint directory, or a bundled model's name",
+    "device": "cpu, cuda or cuda:N (default: cuda when available, else cpu)",
+    "dtype": "weights and activations (default: float32 on a CPU, bfloat16 on a GPU)",
+    "overlap": "run the scheduler serially (pipeline depth 1); the tokens are the same",
+    "overlap_depth": "steps planned or in flight ahead of the commit with overlap on, 2 or 3 "
+    "(default: 3 with CUDA graphs, else 2)",
+    "stream_interval": "wake a stream's reader for its first token, then every N tokens",
+    "radix_cache": "do not reuse the KV of shared prefixes",
+    "attention_backend": "paged attention kernels (auto: triton on CUDA, torch on a CPU)",
+    "fused_ops": "Triton RMSNorm/rotary/activation kernels (default: on with CUDA and triton)",
+    "cuda_graph": "decode steps replayed from CUDA graphs (default: on with CUDA and triton)",
+    "schedule_policy": "waiting-queue order: fcfs, or lpm (longest cached prefix first)",
+    "page_size": "tokens per KV page",
+    "kv_cache_bytes": "KV cache budget in bytes (default: --mem-fraction of free GPU memory, "
+    "--cpu-kv-cache-bytes on a CPU)",
+    "mem_fraction": "share of free GPU memory given to the KV cache",
+    "cpu_kv_cache_bytes": "KV cache budget on a CPU",
+    "max_context": "longest prompt plus output, in tokens (default: the model's, capped at 8192 on a "
+    "CPU and at what the KV pool holds)",
+    "max_num_batched_tokens": "token budget of one step, longer prompts are chunked (default: sized "
+    "from the device at start-up; 2048 on a CPU)",
+    "max_running_requests": "most requests decoding at once (default: sized from the device at start-up; 64 on a CPU)",
+    "max_waiting_requests": "queued requests beyond which new ones get 429",
+    "seed": "seed of the requests that do not give one",
+    "debug": "poison freed future slots and check scheduler invariants every step (slow)",
+    "warmup": "run one prefill and one decode before serving",
+    "num_threads": "torch intra-op threads on a CPU (default: torch's choice)",
+    "log_format": "console lines for people, json lines for log collectors",
+    "trace_path": "on exit, write a Chrome trace (chrome://tracing, Perfetto) of every step here",
+    "cuda_event_wait": "how the loop awaits a CUDA event: poll it, or block a helper thread",
+    "gc_freeze": "move start-up objects out of the garbage collector's reach (default: on with CUDA)",
+}
+
+
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field (``--max-running-requests 32``, ``--disable-overlap``)."""
     hints = get_type_hints(EngineConfig)
@@ -158,38 +201,30 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     for f in fields(EngineConfig):
         flag = "--" + f.name.replace("_", "-")
         typ = hints[f.name]
+        text = FLAG_HELP[f.name]
         if f.name == "overlap":
-            group.add_argument(
-                "--disable-overlap",
-                dest="overlap",
-                action="store_false",
-                help="run the scheduler serially (pipeline depth 1)",
-            )
+            group.add_argument("--disable-overlap", dest="overlap", action="store_false", help=text)
             continue
         if f.name == "radix_cache":
-            group.add_argument(
-                "--disable-radix-cache",
-                dest="radix_cache",
-                action="store_false",
-                help="do not reuse the KV of shared prefixes",
-            )
+            group.add_argument("--disable-radix-cache", dest="radix_cache", action="store_false", help=text)
             continue
         if f.name == "cuda_graph":  # --disable-cuda-graph, as in SGLang; --cuda-graph forces it on
             group.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false", default=None,
-                               help="run decode steps eagerly (default: CUDA graphs on CUDA)")  # fmt: skip
-            group.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None)
+                               help="run decode steps eagerly")  # fmt: skip
+            group.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None, help=text)
             continue
-        if typ is bool or _base_type(typ) is bool:  # bool | None: unset means "auto"
-            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default)
-            continue
-        base = _base_type(typ)
         default = f.default if f.default is not MISSING else None
-        kwargs: dict[str, Any] = {"dest": f.name, "default": default}
+        if default is not None:  # a None default is explained in the text itself
+            text += " (default: %(default)s)"
+        if typ is bool or _base_type(typ) is bool:  # bool | None: unset means "auto"
+            group.add_argument(flag, dest=f.name, action=argparse.BooleanOptionalAction, default=default, help=text)
+            continue
+        kwargs: dict[str, Any] = {"dest": f.name, "default": default, "help": text}
         choices = _literal_choices(typ)
         if choices:
             kwargs["choices"] = choices
         else:
-            kwargs["type"] = base
+            kwargs["type"] = _base_type(typ)
         group.add_argument(flag, **kwargs)
 
 

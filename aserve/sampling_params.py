@@ -12,6 +12,9 @@ from aserve.errors import InvalidRequestError
 # Temperatures below this are greedy (vLLM's cut-off); dividing by them would only overflow.
 GREEDY_TEMPERATURE = 1e-5
 _MAX_LOGPROBS = 20
+# OpenAI's bound. Beyond it the distribution is all but uniform over the vocabulary (text
+# no one asked for); a larger value is a client's mistake, so it gets a 400 rather than noise.
+MAX_TEMPERATURE = 2.0
 _MAX_LOGIT_BIAS = 1024  # entries per request
 
 
@@ -98,8 +101,8 @@ class SamplingParams:
 
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
-        if not _is_real(self.temperature) or self.temperature < 0 or math.isnan(self.temperature):
-            raise bad("temperature", f"must be >= 0 (0 means greedy), got {self.temperature!r}")
+        if not _is_real(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
+            raise bad("temperature", f"must be in [0, {MAX_TEMPERATURE:g}] (0 means greedy), got {self.temperature!r}")
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:

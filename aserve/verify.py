@@ -28,8 +28,10 @@ if TYPE_CHECKING:
 
 def add_verify_args(parser: argparse.ArgumentParser) -> None:
     """The flags of ``aserve verify``: the workload's size and seed, and every engine flag."""
-    parser.add_argument("--num-requests", type=int, default=24)
-    parser.add_argument("--workload-seed", type=int, default=0)
+    parser.add_argument("--num-requests", type=int, default=24, help="requests in the workload (default: %(default)s)")
+    parser.add_argument(
+        "--workload-seed", type=int, default=0, help="seed of the prompts, lengths and arrivals (default: %(default)s)"
+    )
     add_engine_args(parser)
 
 

@@ -16,7 +16,6 @@ from typing import Any
 from aserve.config import add_engine_args, engine_config_from_args
 from aserve.logs import configure_logging
 from aserve.server.limits import BodyLimits
-from aserve.server.serve import hypercorn_config, serve
 
 API_KEY_ENV = "ASERVE_API_KEY"
 
@@ -25,18 +24,18 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``serve`` to an ``add_subparsers()`` object; the handler is ``args.handler``."""
     p: argparse.ArgumentParser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
     p.add_argument("--api-key", default=None, help=f"require this Bearer token on /v1 (or set {API_KEY_ENV})")
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the --model value)")
     p.add_argument("--max-body-bytes", type=int, default=BodyLimits.max_bytes,
-                   help="largest accepted request body (413 beyond)")  # fmt: skip
+                   help="largest accepted request body (413 beyond; default: %(default)s)")  # fmt: skip
     p.add_argument("--body-timeout", type=float, default=BodyLimits.timeout_s,
-                   help="seconds a request body may take to arrive (408 beyond)")  # fmt: skip
+                   help="seconds a request body may take to arrive (408 beyond; default: %(default)s)")  # fmt: skip
     p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
-        help="seconds running requests get to finish after SIGTERM/SIGINT",
+        help="seconds running requests get to finish after SIGTERM/SIGINT (default: %(default)s)",
     )
     p.add_argument(
         "--api-workers",
@@ -52,6 +51,8 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_serve(args: argparse.Namespace) -> int:
     """Handler of ``aserve serve``: blocks until shut down; 0 after a clean drain."""
+    from aserve.server.serve import hypercorn_config, serve
+
     config = engine_config_from_args(args)
     # An empty key would accept an empty token, so treat it as "no key given".
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None

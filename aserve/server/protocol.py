@@ -50,7 +50,7 @@ class _SamplingFields(_Request):
     n: StrictInt = _documented(1, minimum=1, maximum=64)
     stop: str | list[str] | None = None
     seed: StrictInt | None = _documented(minimum=-(2**63), maximum=2**63 - 1)
-    temperature: float | None = _documented(minimum=0)
+    temperature: float | None = _documented(minimum=0, maximum=2)
     top_p: float | None = _documented(exclusiveMinimum=0, maximum=1)
     top_k: StrictInt | None = _documented(minimum=-1)
     min_p: float | None = _documented(minimum=0, exclusiveMaximum=1)

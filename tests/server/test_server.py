@@ -181,6 +181,13 @@ MALFORMED: list[tuple[str, bytes, dict[str, str], int, str | None]] = [
     ),
     ("n = 0", json.dumps({"model": MODEL, "prompt": "hi", "n": 0}).encode(), {}, 400, "n"),
     ("top_p = 2", json.dumps({"model": MODEL, "prompt": "hi", "top_p": 2}).encode(), {}, 400, "top_p"),
+    (
+        "temperature = 1e9",
+        json.dumps({"model": MODEL, "prompt": "hi", "temperature": 1e9}).encode(),
+        {},
+        400,
+        "temperature",
+    ),
     ("oversized body", json.dumps({"model": MODEL, "prompt": "x" * 70000}).encode(), {}, 413, None),
     ("invalid utf-8", b'{"model": "gemma-3-270m", "prompt": "\xff\xfe"}', {}, 400, None),
     ("huge integer", b'{"model": "gemma-3-270m", "prompt": "hi", "max_tokens": ' + b"1" * 5000 + b"}", {}, 400, None),
