@@ -20,6 +20,7 @@ import anyio
 from aserve.config import EngineConfig, add_engine_args, engine_config_from_args
 from aserve.errors import AserveError
 from aserve.logs import configure_logging
+from aserve.progress import Progress, phase
 from aserve.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -70,8 +71,9 @@ def make_workload(vocab_size: int, num: int, seed: int, eos: int | None = None) 
     return items
 
 
-async def run_workload(engine: Engine, items: list[WorkItem]) -> list[ItemResult]:
+async def run_workload(engine: Engine, items: list[WorkItem], progress: Progress | None = None) -> list[ItemResult]:
     results: list[ItemResult | None] = [None] * len(items)
+    done = 0
 
     async def one(i: int, item: WorkItem) -> None:
         await anyio.sleep(item.delay_s)
@@ -84,6 +86,10 @@ async def run_workload(engine: Engine, items: list[WorkItem]) -> list[ItemResult
             finish = d.finish_reason or finish
         final = engine.tokenizer.decode(ids, skip_special_tokens=True)
         results[i] = ItemResult(ids, finish, "".join(streamed), final)
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress(done, len(items))
 
     async with anyio.create_task_group() as tg:
         for i, item in enumerate(items):
@@ -110,18 +116,21 @@ async def run_verify(args: argparse.Namespace) -> int:
     outcomes = {}
     for overlap in (False, True):
         cfg = dataclasses.replace(base, overlap=overlap, debug=True)
+        name = "overlap" if overlap else "serial"
         async with Engine(cfg) as engine:
             items = make_workload(engine.model_config.vocab_size, args.num_requests, args.workload_seed)
-            res = await run_workload(engine, items)
+            with phase(f"verify: the {name} run", unit="request") as update:
+                res = await run_workload(engine, items, update)
             ledger = engine.ledger()
             st = engine.stats()
             if not (ledger.balanced and ledger.all_free):
                 print(f"FAIL: KV ledger not all free after the {'overlap' if overlap else 'serial'} run: {ledger}")
                 return 1
             outcomes[overlap] = res
+            gap = "n/a" if st.median_device_gap_s is None else f"{st.median_device_gap_s * 1e3:.2f} ms"
             print(
-                f"{'overlap' if overlap else 'serial ':>8}: {len(res)} requests, {st.output_tokens} tokens, "
-                f"{st.num_steps} steps, median device gap {st.median_device_gap_s}, ledger all free"
+                f"{name:>8}: {len(res)} requests, {st.output_tokens} tokens, "
+                f"{st.num_steps} steps, median device gap {gap}, KV ledger all free"
             )
     diff = first_difference(outcomes[False], outcomes[True])
     if diff is not None:

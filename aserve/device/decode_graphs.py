@@ -21,7 +21,6 @@ which is how the padding, bucketing and in-graph gather/publish are tested in CI
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +29,7 @@ import torch
 from aserve.attention.metadata import AttentionMetadata
 from aserve.device.future_map import FutureMap
 from aserve.kv.pool import KVPool
+from aserve.progress import phase
 
 
 @dataclass
@@ -121,18 +121,18 @@ class DecodeGraphs:
             return
         # Warm-up and capture write into the spare rows only (all inputs are padding).
         pool = None
-        for i, b in enumerate(reversed(self.sizes)):
-            s = self._static[b]
-            with torch.cuda.stream(stream):
-                self._body(s)  # warm-up: Triton compiles, cuBLAS picks its kernels
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=stream, pool=pool):
-                s.out = self._body(s)
-            pool = graph.pool()
-            s.graph = graph
-            print(f"\rcapturing decode CUDA graphs: {i + 1}/{len(self.sizes)}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
+        with phase("capturing decode CUDA graphs", unit="graph") as update:
+            for i, b in enumerate(reversed(self.sizes)):
+                s = self._static[b]
+                with torch.cuda.stream(stream):
+                    self._body(s)  # warm-up: Triton compiles, cuBLAS picks its kernels
+                torch.cuda.synchronize(self.device)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, stream=stream, pool=pool):
+                    s.out = self._body(s)
+                pool = graph.pool()
+                s.graph = graph
+                update(i + 1, len(self.sizes))
 
     def release(self) -> None:
         """The engine closed: drop the graphs (and with them their memory pool) and buffers."""

@@ -36,6 +36,7 @@ from aserve.errors import EngineClosedError
 from aserve.kv.allocator import LedgerView
 from aserve.logs import get_logger
 from aserve.outputs import CompletionResult, Delta
+from aserve.progress import phase
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.policy import Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
@@ -155,9 +156,10 @@ class Engine:
         prompt = [bos if bos is not None else 0] * 4
         sampled = SamplingParams(max_tokens=2, temperature=0.8, top_k=40, top_p=0.9, min_p=0.01, seed=0,
                                  repetition_penalty=1.1, logprobs=1)  # fmt: skip
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(self.complete, prompt, SamplingParams(max_tokens=2, temperature=0))
-            tg.start_soon(self.complete, prompt, sampled)
+        with phase("warming up"):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.complete, prompt, SamplingParams(max_tokens=2, temperature=0))
+                tg.start_soon(self.complete, prompt, sampled)
         self._recorder.stats.reset()
 
     async def aclose(self) -> None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from aserve.kv.pool import KVPool, bytes_per_token
 from aserve.logs import get_logger
 from aserve.models.config import ModelConfig
 from aserve.models.loader import load_model
+from aserve.progress import phase
 from aserve.scheduler.sizing import BatchSizes, choose_batch_sizes
 from aserve.tokenizer.tokenizer import Tokenizer
 
@@ -38,30 +38,6 @@ class LoadedEngine:
     sizes: BatchSizes  # max_running_requests and max_num_batched_tokens as resolved
 
 
-class _Progress:
-    """A tqdm bar on stderr for long loads (quiet when stderr is not a terminal and not asked)."""
-
-    def __init__(self, desc: str) -> None:
-        self.desc = desc
-        self._bar: Any = None
-
-    def __call__(self, done: int, total: int) -> None:
-        if self._bar is None:
-            from tqdm import tqdm
-
-            self._bar = tqdm(
-                total=total,
-                desc=self.desc,
-                unit="tensor",
-                file=sys.stderr,
-                leave=False,
-                disable=not sys.stderr.isatty(),
-            )
-        self._bar.update(done - self._bar.n)
-        if done >= total:
-            self._bar.close()
-
-
 def load_tokenizer(path: Path) -> Tokenizer:
     if path.is_file() and path.suffix == ".gguf":
         return Tokenizer.from_gguf(path)
@@ -74,7 +50,8 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
     dtype = cfg.torch_dtype
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InvalidRequestError("device 'cuda' was asked for but CUDA is not available; use device='cpu'")
-    model_config, model, path = load_model(cfg.model, dtype, device, progress=_Progress("loading weights"))
+    with phase("loading weights", unit="tensor", model=cfg.model) as update:
+        model_config, model, path = load_model(cfg.model, dtype, device, progress=update)
     if cfg.use_fused_ops:
         from aserve.models.layers import set_fused_ops
 

@@ -9,7 +9,6 @@ Names and conventions follow transformers' GGUF loader (our reference):
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,7 @@ import torch
 
 from aserve.errors import ModelLoadError
 from aserve.models.config import ModelConfig, RopeScaling
-
-Progress = Callable[[int, int], None]
+from aserve.progress import Progress
 
 _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +12,7 @@ from safetensors import safe_open
 
 from aserve.errors import ModelLoadError, ModelNotFoundError
 from aserve.models.config import ModelConfig, RopeScaling
+from aserve.progress import Progress
 
 SUPPORTED_ARCHITECTURES = (
     "Gemma3ForCausalLM",
@@ -20,8 +21,6 @@ SUPPORTED_ARCHITECTURES = (
     "MistralForCausalLM",
     "Qwen2ForCausalLM",
 )
-
-Progress = Callable[[int, int], None]
 
 
 def _rope_params(d: dict[str, Any], layer_type: str | None) -> dict[str, Any]:

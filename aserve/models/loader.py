@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -25,8 +24,8 @@ from aserve.models.gemma3 import Gemma3ForCausalLM
 from aserve.models.gguf_loader import read_gguf_tensors
 from aserve.models.hf_loader import iter_hf_tensors, load_hf_config
 from aserve.models.llama import LlamaForCausalLM
+from aserve.progress import Progress, phase
 
-Progress = Callable[[int, int], None]
 DEFAULT_MODEL = "gemma-3-270m"
 _CACHE_VERSION = "1"
 
@@ -92,7 +91,10 @@ def _read_gguf_cached(path: Path, progress: Progress | None) -> tuple[ModelConfi
             return cfg, tensors
         except Exception:
             cached.unlink(missing_ok=True)  # stale or partial cache: rebuild it
-    cfg, tensors = read_gguf_tensors(path, progress)
+    # The first load of a GGUF dequantizes every tensor (the default model: ~40 s on 2 cores);
+    # later loads read the float32 copy cached here.
+    with phase(f"dequantizing {path.name} (first load only; cached in {cache_dir()})", unit="tensor") as update:
+        cfg, tensors = read_gguf_tensors(path, update)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".tmp{os.getpid()}")
