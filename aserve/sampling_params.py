@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json as _json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
+from typing import Any
 
 from aserve.errors import InvalidRequestError
 
@@ -21,6 +23,63 @@ _MAX_LOGIT_BIAS = 1024  # entries per request
 def penalised(repetition: float, frequency: float, presence: float) -> bool:
     """Whether these penalties make sampling read the tokens generated so far (and the prompt)."""
     return repetition != 1.0 or frequency != 0.0 or presence != 0.0
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """Constrain the output to a language (vLLM's ``structured_outputs``; set exactly one).
+
+    ``json``: a JSON Schema (a dict, or its JSON text); ``json_object``: any JSON object;
+    ``regex``: a regular expression the whole output matches; ``choice``: one of these strings;
+    ``grammar``: a Lark grammar (llguidance's dialect). The output ends (``finish_reason``
+    ``"stop"``) as soon as the language allows no further token; EOS is allowed only where the
+    output is complete. Compiled with llguidance (``aserve/sampling/grammar.py``).
+    """
+
+    json: str | Mapping[str, Any] | None = None  # stored as canonical JSON text
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
+    json_object: bool = False
+
+    def __post_init__(self) -> None:
+        if self.json is not None and not isinstance(self.json, str):
+            try:  # canonical text: equal schemas share one compiled grammar
+                text = _json.dumps(self.json, sort_keys=True, separators=(",", ":"))
+            except (TypeError, ValueError) as exc:
+                raise InvalidRequestError(f"json schema is not JSON: {exc}", param="structured_outputs") from exc
+            object.__setattr__(self, "json", text)
+        if self.choice is not None and not isinstance(self.choice, tuple):
+            object.__setattr__(self, "choice", tuple(self.choice))
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        if self.json_object:
+            given.append("json_object")
+        if len(given) != 1:
+            raise InvalidRequestError(
+                f"structured_outputs takes exactly one of json, json_object, regex, choice, grammar; got {given or 'none'}",
+                param="structured_outputs",
+            )
+        for name in ("json", "regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise InvalidRequestError(
+                    f"structured_outputs.{name} must be a non-empty string", param="structured_outputs"
+                )
+        if self.choice is not None and (not self.choice or any(not isinstance(c, str) or not c for c in self.choice)):
+            raise InvalidRequestError("structured_outputs.choice must be non-empty strings", param="structured_outputs")
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What the compiled grammar is cached by."""
+        if self.json is not None:
+            return ("json", str(self.json))
+        if self.regex is not None:
+            return ("regex", self.regex)
+        if self.choice is not None:
+            return ("choice", _json.dumps(list(self.choice)))
+        if self.grammar is not None:
+            return ("grammar", self.grammar)
+        return ("json_object", "")
 
 
 @dataclass(frozen=True)
@@ -55,6 +114,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     min_tokens: int = 0
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         # Accept lists/str for convenience; store tuples so the object stays hashable.
@@ -76,6 +136,12 @@ class SamplingParams:
                 "logit_bias must map token ids to numbers, as a dict or (id, bias) pairs", param="logit_bias"
             ) from exc
         object.__setattr__(self, "logit_bias", pairs)
+        if isinstance(self.structured_outputs, Mapping):
+            try:
+                so = StructuredOutputs(**self.structured_outputs)
+            except TypeError as exc:
+                raise InvalidRequestError(f"structured_outputs: {exc}", param="structured_outputs") from exc
+            object.__setattr__(self, "structured_outputs", so)
         self.validate()
 
     # Cached (the instance is frozen): the planner and the launch path ask per request per step.
@@ -93,6 +159,7 @@ class SamplingParams:
             and self.logprobs is None
             and not self.has_penalty
             and not self.logit_bias
+            and self.structured_outputs is None
         )
 
     def validate(self) -> None:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import torch
 
 from aserve.device.decode_graphs import DecodeGraphs
+from aserve.sampling.grammar import GrammarState, fill_masks
 from aserve.sampling.sampler import SamplingBatch, make_sampling_batch
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.policy import Plan
@@ -56,9 +57,15 @@ class SamplingInputs(NamedTuple):
     prompts: list[list[int]]
     outputs: list[list[int]]
     banned: list[frozenset[int]]
+    grammar: list[tuple[int, GrammarState]]  # (batch row, state) of structured requests that sample
 
     def batch(self, device: torch.device | str) -> SamplingBatch:
-        return make_sampling_batch(self.params, self.seeds, self.steps, self.prompts, self.outputs, device, self.banned)
+        masks = None
+        if self.grammar:
+            # Host work while the device runs the previous step: each row's allowed tokens.
+            masks = ([i for i, _ in self.grammar], fill_masks([g for _, g in self.grammar]))
+        return make_sampling_batch(self.params, self.seeds, self.steps, self.prompts, self.outputs, device,
+                                   self.banned, masks)  # fmt: skip
 
 
 @dataclass
@@ -121,7 +128,7 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
     positions: list[int] = []
     # (batch row, column in output_tokens, index among decodes): filled on the device
     pending: list[tuple[int, int, int]] = []
-    sampling = SamplingInputs([], [], [], [], [], [])
+    sampling = SamplingInputs([], [], [], [], [], [], [])
     for i, s in enumerate(plan.seqs):
         row, pos = s.row, s.prefix_len
         rows.append(row)
@@ -152,9 +159,11 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
             table_slots.extend(s.prefix_slots)
             table_slots.extend(s.slots)
             input_ids.extend(s.input_ids)
+        req = s.req
         if s.samples:
             sample_idx.append(i)
-        req = s.req
+            if req.grammar is not None:
+                sampling.grammar.append((i, req.grammar))
         sampling.params.append(req.params)
         sampling.seeds.append(req.seed)
         sampling.steps.append(s.output_index)

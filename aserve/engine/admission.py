@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from aserve.engine.cell import OutputCell
 from aserve.errors import ContextLengthError, EngineOverloadedError, InvalidRequestError
+from aserve.sampling.grammar import Grammars, GrammarState
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.req import Req
 from aserve.sync import Signal
@@ -36,9 +37,12 @@ class AdmissionLimits:
 
 
 class Admission:
-    def __init__(self, limits: AdmissionLimits, tokenizer: Tokenizer, seed: int | None = None) -> None:
+    def __init__(
+        self, limits: AdmissionLimits, tokenizer: Tokenizer, seed: int | None = None, grammars: Grammars | None = None
+    ) -> None:
         self.limits = limits
         self.tokenizer = tokenizer
+        self.grammars = grammars  # structured outputs; None: requests asking for them get a 400
         self._ids = itertools.count()
         self._rng = random.Random(seed)
 
@@ -104,6 +108,12 @@ class Admission:
             )
         if seeds is not None and len(seeds) != params.n:
             raise InvalidRequestError(f"{len(seeds)} seeds for n={params.n} choices", param="seed")
+        grammars: list[GrammarState | None] = [None] * params.n
+        if params.structured_outputs is not None:
+            if self.grammars is None:
+                raise InvalidRequestError("structured outputs are not available here", param="structured_outputs")
+            # Compiled here (cached by schema), so a bad grammar is a 400 before anything runs.
+            grammars = [self.grammars.state(params.structured_outputs) for _ in range(params.n)]
         rid = request_id or f"req-{next(self._ids)}"
         stop_ids = set(params.stop_token_ids)
         if not params.ignore_eos:
@@ -130,6 +140,7 @@ class Admission:
                 else self._rng.getrandbits(63),
                 stop_ids=frozenset(stop_ids),
                 cell=OutputCell(signal, wake_every=wake_every),
+                grammar=grammars[i],
             )
             for i in range(params.n)
         ]

@@ -14,11 +14,14 @@ import time
 from collections.abc import Callable
 
 from aserve.device.step import Step, StepOutputs
+from aserve.logs import get_logger
 from aserve.outputs import TokenLogprob
 from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 from aserve.tokenizer.detokenizer import IncrementalDetokenizer
 from aserve.tokenizer.tokenizer import Tokenizer
+
+log = get_logger("aserve.commit")
 
 
 class Committer:
@@ -79,10 +82,18 @@ class Committer:
         # Under min_tokens nothing stops the request early (the sampler banned its stop ids;
         # stop strings are not looked for in text that ends before min_tokens).
         may_stop = len(outputs) >= params.min_tokens
-        if token in req.stop_ids and may_stop:
+        grammar = req.grammar
+        if grammar is not None and not grammar.advance(token):
+            # The sampler only draws allowed tokens, so this is a fault: end the output here
+            # rather than continue it outside its language.
+            log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar.error)
+            self.finish(req, "stop")
+        elif token in req.stop_ids and may_stop:
             self.finish(req, "stop", token if token in params.stop_token_ids else None)
         elif params.stop and self._hit_stop_string(req, token, may_stop):
             pass  # finished inside
+        elif grammar is not None and grammar.done:
+            self.finish(req, "stop")  # the language allows nothing more: the output is complete
         elif req.length_reached(len(outputs)):
             self.finish(req, "length")
 

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from aserve.sampling.batch import SamplingBatch, SamplingParamsLike, make_sampling_batch
+from aserve.sampling.grammar import allowed_tokens
 from aserve.sampling.noise import _exp_noise, _row_keys, _token_hash, uniform_noise
 from aserve.sampling_params import GREEDY_TEMPERATURE
 
@@ -165,6 +166,12 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
         rows, cols = batch.bias_index[0], batch.bias_index[1]
         processed = processed.index_put((rows, cols), processed[rows, cols] + batch.bias_values)
 
+    if batch.mask_rows is not None and batch.mask_bits is not None:
+        # Structured outputs: tokens the row's grammar does not allow next are impossible.
+        allowed = allowed_tokens(batch.mask_bits, vocab)  # [R, V] bool
+        sub = processed[batch.mask_rows].masked_fill(~allowed, float("-inf"))
+        processed = processed.index_put((batch.mask_rows,), sub)
+
     greedy_tokens = processed.argmax(dim=-1)  # [B]
     if batch.all_greedy:
         token_ids = greedy_tokens
@@ -274,10 +281,8 @@ def _sample_nucleus_cpu(
     if bool(fits.all()):
         return tokens
     rows = (~fits).nonzero().squeeze(1)
-    sub = dataclasses.replace(
-        batch,
-        **{f.name: getattr(batch, f.name)[rows] for f in dataclasses.fields(batch)
-           if isinstance(getattr(batch, f.name), Tensor)},
-    )  # fmt: skip
+    # Only the [B] knobs _sample_sorted reads (bias_index [2, N] and the grammar masks [R, ...]
+    # are not per-row tensors and were applied to ``scaled`` already).
+    sub = dataclasses.replace(batch, top_p=batch.top_p[rows], min_p=batch.min_p[rows])
     tokens[rows] = _sample_sorted(scaled[rows], sub, k_eff[rows], keys[rows], token_hash)
     return tokens

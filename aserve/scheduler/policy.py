@@ -164,6 +164,8 @@ class Scheduler:
         # prefill done, not finished, not ending by length once more is launched. A request
         # with penalties reads its outputs so far, and the launch path stands in for one
         # uncommitted output (the FutureMap's), not two: at depth 3 it waits for a commit.
+        # A structured request's mask is computed on the host from its committed tokens, so
+        # it waits for every launched token's commit (a look-ahead of zero).
         decodes = [
             r
             for r in self.running
@@ -172,6 +174,7 @@ class Scheduler:
             and not r.abort_requested
             and not r.length_reached(r.num_launched_outputs)
             and (r.num_launched_outputs - len(r.output_ids) <= 1 or not r.params.has_penalty)
+            and (r.grammar is None or r.num_launched_outputs == len(r.output_ids))
         ]
         decodes = decodes[:budget]
         if not self._room_for(self._decode_pages(decodes)):  # cached, unused prefixes go before anyone is retracted

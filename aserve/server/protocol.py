@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from aserve.errors import InvalidRequestError
-from aserve.sampling_params import SamplingParams
+from aserve.sampling_params import SamplingParams, StructuredOutputs
 
 # Without a max_tokens the OpenAI API generates to the end of the context; a server that
 # did that on every bare request would be trivially overloaded, so default to a modest cap.
@@ -42,6 +42,32 @@ class StreamOptions(_Request):
     include_usage: StrictBool | None = False
 
 
+class JsonSchemaFormat(_Request):
+    name: str | None = None
+    description: str | None = None
+    # `schema` shadows a BaseModel attribute name, hence the alias.
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's ``response_format``: free text, any JSON object, or JSON matching a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(_Request):
+    """vLLM's ``structured_outputs`` extension (aserve's one convention): set exactly one."""
+
+    model_config = ConfigDict(extra="forbid")
+    json_: dict[str, Any] | str | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: StrictBool | None = None
+
+
 class _SamplingFields(_Request):
     """Options shared by completions and chat completions."""
 
@@ -62,6 +88,8 @@ class _SamplingFields(_Request):
     ignore_eos: StrictBool | None = False
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     min_tokens: StrictInt | None = _documented(minimum=0)  # vLLM's extension: no stop before this many
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None  # vLLM's extension
     user: str | None = None
 
     @property
@@ -87,7 +115,29 @@ class _SamplingFields(_Request):
             n=self.n,
             logit_bias=_token_bias(self.logit_bias),
             min_tokens=self.min_tokens or 0,
+            structured_outputs=self._structured(),
         )
+
+    def _structured(self) -> StructuredOutputs | None:
+        """``response_format`` or ``structured_outputs`` as the engine's constraint (not both)."""
+        fmt, so = self.response_format, self.structured_outputs
+        if fmt is not None and fmt.type != "text" and so is not None:
+            raise InvalidRequestError(
+                "give either response_format or structured_outputs, not both", param="structured_outputs"
+            )
+        if so is not None:
+            return StructuredOutputs(json=so.json_, regex=so.regex, grammar=so.grammar,
+                                     choice=None if so.choice is None else tuple(so.choice),
+                                     json_object=bool(so.json_object))  # fmt: skip
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutputs(json_object=True)
+        if fmt.json_schema is None:
+            raise InvalidRequestError(
+                "response_format of type json_schema needs a json_schema object", param="response_format"
+            )
+        return StructuredOutputs(json=fmt.json_schema.schema_)
 
 
 def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:

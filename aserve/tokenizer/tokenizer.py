@@ -161,6 +161,18 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special
 
+    def token_bytes(self) -> list[bytes]:
+        """Each id's bytes as it appears in decoded text (what a grammar engine matches):
+        ``▁`` is a space, a byte-fallback piece ``<0x0A>`` its byte; special tokens keep their
+        text (the engine must treat them as special, see ``is_special``)."""
+        out: list[bytes] = []
+        for i, piece in enumerate(self._pieces):
+            if self._sp.IsByte(i):
+                out.append(bytes([int(piece[3:5], 16)]))
+            else:
+                out.append(piece.replace("\u2581", " ").encode())
+        return out
+
     # ---- encode / decode ----------------------------------------------------------------
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:

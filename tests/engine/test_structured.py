@@ -1,0 +1,183 @@
+"""Structured outputs on the default model: every output is in its language, checked by an
+independent validator (``jsonschema``, ``re``), with overlap on and off, through aborts and
+retraction, and a bad grammar is a typed error before anything runs."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import jsonschema
+import pytest
+
+import aserve
+from aserve.sampling_params import StructuredOutputs
+from tests.hosting import hosted_engine
+
+# Ten schemas: nested objects, enums, arrays, bounded numbers. Lengths are bounded so that
+# every output can close within MAX_TOKENS (a cut-off JSON text would not parse).
+NAME = {"type": "string", "minLength": 1, "maxLength": 12}
+SCHEMAS: list[dict[str, Any]] = [
+    {"type": "object", "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+     "required": ["name", "age"], "additionalProperties": False},
+    {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]}},
+     "required": ["sentiment"], "additionalProperties": False},
+    {"type": "object", "properties": {"tags": {"type": "array", "items": {"enum": ["a", "b", "c"]},
+                                               "minItems": 1, "maxItems": 3}},
+     "required": ["tags"], "additionalProperties": False},
+    {"type": "object", "properties": {"point": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": -50, "maximum": 50}, "y": {"type": "integer", "minimum": -50, "maximum": 50}},
+        "required": ["x", "y"], "additionalProperties": False}}, "required": ["point"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "code": {"type": "integer", "minimum": 100, "maximum": 599}},
+     "required": ["ok", "code"], "additionalProperties": False},
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 2, "maxItems": 4},
+    {"type": "object", "properties": {"city": NAME, "country": {"enum": ["FR", "DE", "IT"]}},
+     "required": ["city", "country"], "additionalProperties": False},
+    {"type": "object", "properties": {"user": {"type": "object", "properties": {"id": {"type": "integer", "minimum": 1,
+     "maximum": 9999}, "roles": {"type": "array", "items": {"enum": ["admin", "dev"]}, "maxItems": 2}},
+     "required": ["id", "roles"], "additionalProperties": False}}, "required": ["user"], "additionalProperties": False},
+    {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "confidence": {"enum": [1, 2, 3]}},
+     "required": ["answer", "confidence"], "additionalProperties": False},
+    {"type": "object", "properties": {"title": NAME, "year": {"type": "integer", "minimum": 1900, "maximum": 2030},
+     "genres": {"type": "array", "items": {"enum": ["drama", "comedy"]}, "maxItems": 2}},
+     "required": ["title", "year", "genres"], "additionalProperties": False},
+]  # fmt: skip
+MAX_TOKENS = 160  # (the retraction test clips it to its 208-token context)
+PROMPTS = ["Extract the data as JSON:", "Answer in JSON.", "Here is a record:", "JSON output:"]
+
+
+@pytest.fixture(scope="module")
+async def engine() -> AsyncIterator[aserve.Engine]:
+    async with hosted_engine(model="gemma-3-270m", num_threads=2) as eng:
+        yield eng
+
+
+def _params(so: StructuredOutputs, seed: int | None, temperature: float = 1.0) -> aserve.SamplingParams:
+    return aserve.SamplingParams(max_tokens=MAX_TOKENS, temperature=temperature, seed=seed, structured_outputs=so)
+
+
+async def _run_all(engine: aserve.Engine, jobs: list[tuple[str, aserve.SamplingParams]]) -> list[Any]:
+    results: list[Any] = [None] * len(jobs)
+
+    async def one(i: int) -> None:
+        prompt, params = jobs[i]
+        results[i] = (await engine.complete(prompt, params)).outputs[0]
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(jobs)):
+            tg.start_soon(one, i)
+    return results
+
+
+@pytest.mark.slow
+async def test_100_sampled_requests_against_10_schemas_all_validate(engine: aserve.Engine) -> None:
+    rng = random.Random(0)
+    jobs = [
+        (
+            rng.choice(PROMPTS),
+            _params(StructuredOutputs(json=SCHEMAS[i % 10]), seed=i, temperature=rng.choice([0.7, 1.0])),
+        )
+        for i in range(100)
+    ]
+    outs = await _run_all(engine, jobs)
+    for i, out in enumerate(outs):
+        assert out.finish_reason == "stop", (i, out.text)
+        jsonschema.validate(json.loads(out.text), SCHEMAS[i % 10])
+    assert engine.ledger().all_free
+
+
+async def test_regex_choice_json_object_and_grammar(engine: aserve.Engine) -> None:
+    phone = r"\(\d{3}\) \d{3}-\d{4}"
+    choices = ("red", "green", "blue")
+    lark = 'start: "The answer is " ANSWER "."\nANSWER: "yes" | "no"'
+    jobs = []
+    for seed in range(6):
+        jobs.append(("Call me at", _params(StructuredOutputs(regex=phone), seed)))
+        jobs.append(("My favourite colour:", _params(StructuredOutputs(choice=choices), seed)))
+        jobs.append(("A JSON object:", _params(StructuredOutputs(json_object=True), seed, temperature=0.0)))
+        jobs.append(("Is it true?", _params(StructuredOutputs(grammar=lark), seed)))
+    outs = await _run_all(engine, jobs)
+    for k in range(0, len(outs), 4):
+        assert re.fullmatch(phone, outs[k].text), outs[k].text
+        assert outs[k + 1].text in choices
+        if outs[k + 2].finish_reason == "stop":  # greedy JSON may run long; when complete it parses
+            assert isinstance(json.loads(outs[k + 2].text), dict)
+        assert re.fullmatch(r"The answer is (yes|no)\.", outs[k + 3].text), outs[k + 3].text
+    assert engine.ledger().all_free
+
+
+async def test_unconstrained_requests_in_the_same_batch_are_unchanged(engine: aserve.Engine) -> None:
+    plain = aserve.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    alone = (await engine.complete("The capital of France is", plain)).token_ids
+    so = _params(StructuredOutputs(choice=("yes", "no")), seed=1)
+    mixed = await _run_all(engine, [("The capital of France is", plain), ("Yes or no?", so), ("Maybe?", so)])
+    assert mixed[0].token_ids == alone
+    assert mixed[1].text in ("yes", "no") and mixed[2].text in ("yes", "no")
+
+
+async def test_a_bad_grammar_is_a_typed_error_before_anything_runs(engine: aserve.Engine) -> None:
+    for so in (
+        StructuredOutputs(regex="([a-z"),
+        StructuredOutputs(json={"type": "no-such-type"}),
+        StructuredOutputs(grammar="start: @@@"),
+    ):
+        with pytest.raises(aserve.InvalidRequestError) as info:
+            await engine.complete("x", _params(so, seed=0))
+        assert info.value.param == "structured_outputs"
+    for bad in ({}, {"regex": "a", "choice": ["b"]}, {"choice": []}, {"nonsense": 1}):
+        with pytest.raises(aserve.InvalidRequestError):
+            aserve.SamplingParams(structured_outputs=bad)  # type: ignore[arg-type]
+    assert engine.ledger().all_free
+
+
+async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -> None:
+    jobs = [
+        (p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS * 2)
+    ]
+    texts = {}
+    for overlap in (False, True):
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap, debug=True) as eng:
+            texts[overlap] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
+            assert eng.ledger().all_free
+    assert texts[False] == texts[True]
+
+
+async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free() -> None:
+    # A pool of 13 pages of 16 tokens for 12 requests of ~60-80 tokens each: when they grow
+    # some are retracted (their KV given back, recomputed later) while their grammars wait
+    # at a committed state.
+    per_token = 18 * 2 * 256 * 4  # Gemma 3 270M, float32: layers x (k, v) x head_dim x bytes
+    async with aserve.Engine(model="gemma-3-270m", num_threads=2, kv_cache_bytes=per_token * 208,
+                             max_context=208, debug=True) as eng:  # fmt: skip
+        # ~40-token prompts, each different (no shared prefix): 3-4 pages per request.
+        jobs = [
+            (f"Record {i}: " + "the quick brown fox jumps over a lazy dog " * 4 + PROMPTS[i % 4],
+             _params(StructuredOutputs(json=SCHEMAS[i % 10]), seed=i))
+            for i in range(12)
+        ]  # fmt: skip
+
+        async def abort_early(i: int) -> None:
+            params = _params(StructuredOutputs(json=SCHEMAS[i]), seed=100 + i)
+            with anyio.move_on_after(0):  # cancelled at its first checkpoint or soon after
+                await eng.complete("Give JSON:", params)
+            got = 0
+            async for _ in eng.generate("Give JSON:", params):
+                got += 1
+                if got == 3:
+                    break
+
+        async with anyio.create_task_group() as tg:
+            for i in range(4):
+                tg.start_soon(abort_early, i)
+            outs = await _run_all(eng, jobs)
+        for i, out in enumerate(outs):
+            assert out.finish_reason == "stop", (i, out.text)
+            jsonschema.validate(json.loads(out.text), SCHEMAS[i % 10])
+        assert eng.stats().num_retractions > 0  # the pool was too small: retraction happened
+        with anyio.fail_after(30):
+            while not eng.ledger().all_free:
+                await anyio.sleep(0.05)
