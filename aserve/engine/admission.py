@@ -42,7 +42,7 @@ class Admission:
     ) -> None:
         self.limits = limits
         self.tokenizer = tokenizer
-        self.grammars = grammars  # structured outputs; None: requests asking for them get a 400
+        self.grammars = grammars  # structured outputs; None in a front end (the core compiles)
         self._ids = itertools.count()
         self._rng = random.Random(seed)
 
@@ -109,10 +109,9 @@ class Admission:
         if seeds is not None and len(seeds) != params.n:
             raise InvalidRequestError(f"{len(seeds)} seeds for n={params.n} choices", param="seed")
         grammars: list[GrammarState | None] = [None] * params.n
-        if params.structured_outputs is not None:
-            if self.grammars is None:
-                raise InvalidRequestError("structured outputs are not available here", param="structured_outputs")
+        if params.structured_outputs is not None and self.grammars is not None:
             # Compiled here (cached by schema), so a bad grammar is a 400 before anything runs.
+            # A front end (no grammars of its own) leaves it to the core's admission.
             grammars = [self.grammars.state(params.structured_outputs) for _ in range(params.n)]
         rid = request_id or f"req-{next(self._ids)}"
         stop_ids = set(params.stop_token_ids)

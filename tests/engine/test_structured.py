@@ -146,6 +146,7 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -
     assert texts[False] == texts[True]
 
 
+@pytest.mark.slow
 async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free() -> None:
     # A pool of 13 pages of 16 tokens for 12 requests of ~60-80 tokens each: when they grow
     # some are retracted (their KV given back, recomputed later) while their grammars wait

@@ -239,6 +239,50 @@ def test_logit_bias_steers_tokens(client: openai.OpenAI, tokenizer: Any) -> None
     assert short.usage is not None and short.usage.completion_tokens == 5
 
 
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+def test_structured_outputs_through_the_openai_client(client: openai.OpenAI) -> None:
+    """response_format json_schema (chat, streamed and not) and the structured_outputs
+    extension (completions) through both server shapes; jsonschema is the judge."""
+    import jsonschema
+
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    messages: Any = [{"role": "user", "content": "Invent a person."}]
+    for seed in range(3):
+        full = client.chat.completions.create(model=MODEL, messages=messages, response_format=fmt, max_tokens=60,
+                                              temperature=1.0, seed=seed)  # fmt: skip
+        assert full.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(full.choices[0].message.content or ""), PERSON)
+        chunks = client.chat.completions.create(model=MODEL, messages=messages, response_format=fmt, max_tokens=60,
+                                                temperature=1.0, seed=seed, stream=True)  # fmt: skip
+        streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert streamed == full.choices[0].message.content
+    obj = client.chat.completions.create(model=MODEL, messages=messages, response_format={"type": "json_object"},
+                                         max_tokens=60, temperature=0.7, seed=1)  # fmt: skip
+    if obj.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(obj.choices[0].message.content or ""), dict)
+    pick = client.completions.create(model=MODEL, prompt="Is the sky green?", max_tokens=8, n=3, temperature=1.0,
+                                     extra_body={"structured_outputs": {"choice": ["yes", "no"]}})  # fmt: skip
+    assert all(c.text in ("yes", "no") and c.finish_reason == "stop" for c in pick.choices)
+    for body, param in (
+        ({"structured_outputs": {"regex": "([a-z"}}, "structured_outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+    ):
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model=MODEL, prompt="x", max_tokens=4, extra_body=body)
+        assert info.value.body["param"] == param, info.value.body  # type: ignore[index]
+
+
 async def test_malformed_requests_while_streaming(server: ServerProcess) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
         streams = [asyncio.create_task(_stream(http, _body(12, temperature=0))) for _ in range(4)]
