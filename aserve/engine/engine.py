@@ -262,6 +262,8 @@ class Engine:
             "fused_ops": cfg.use_fused_ops,
             "cuda_graph": cfg.use_cuda_graph,
             "load_s": round(parts.load_s, 2),
+            "tokenizer": parts.tokenizer.source,
+            "chat_template": parts.tokenizer.chat_template_source or "none (built-in format for the model family)",
         }
 
     def _started_fields(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from aserve.errors import InvalidRequestError, ModelLoadError
 from aserve.kv.pool import KVPool, bytes_per_token
 from aserve.logs import get_logger
 from aserve.models.config import ModelConfig
-from aserve.models.loader import load_model
+from aserve.models.loader import cache_dir, load_model
 from aserve.progress import phase
 from aserve.scheduler.sizing import BatchSizes, choose_batch_sizes
 from aserve.tokenizer.tokenizer import Tokenizer
@@ -39,9 +39,9 @@ class LoadedEngine:
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
-    if path.is_file() and path.suffix == ".gguf":
-        return Tokenizer.from_gguf(path)
-    return Tokenizer.from_hf_dir(path)
+    # A GGUF byte-level vocabulary converted to tokenizer.json form is kept beside the
+    # dequantized weights, so later loads (and each API front end) skip the conversion.
+    return Tokenizer.load(path, cache_dir())
 
 
 def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:

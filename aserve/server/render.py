@@ -31,9 +31,7 @@ def usage_info(usage: Usage) -> UsageInfo:
 
 
 def token_text(tok: Tokenizer, token_id: int) -> str:
-    # The piece, not decode([id]): sentencepiece's decode drops a leading space, which would
-    # make per-token strings disagree with the streamed text.
-    return tok.id_to_piece(token_id).replace("\u2581", " ")
+    return tok.token_text(token_id)  # a byte-level piece ("Ġworld") is shown as its text
 
 
 def completion_logprobs(tok: Tokenizer, lps: Sequence[TokenLogprob], offset: int = 0) -> CompletionLogprobs:

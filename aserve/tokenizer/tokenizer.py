@@ -1,136 +1,89 @@
-"""Sentencepiece tokenizer built from a GGUF vocabulary or a Hugging Face model directory."""
+"""The one tokenizer interface the engine, the server and the commit point use.
+
+Two backends sit behind it: ``SentencePieceTokenizer`` (``spm.py``; GGUF ``llama`` vocabularies
+and ``tokenizer.model`` files) and ``FastTokenizer`` (``fast.py``; Hugging Face ``tokenizers``:
+``tokenizer.json`` files and GGUF ``gpt2`` byte-level BPE vocabularies). ``Tokenizer.load``
+picks the backend from what the model path holds.
+"""
 
 from __future__ import annotations
 
-import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import sentencepiece as spm
-
-from aserve.errors import ModelLoadError, ModelNotFoundError
-from aserve.tokenizer.gguf_proto import (
-    CONTROL,
-    UNKNOWN,
-    USER_DEFINED,
-    ModelProto,
-    proto_from_gguf,
-    read_gguf_metadata,
-    sp_pb2,
-)
 
 # Pieces that end an assistant turn in chat models; generation must stop on them as well as EOS.
-_END_OF_TURN_PIECES = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>")
+_END_OF_TURN_PIECES = ("<end_of_turn>", "<|eot_id|>", "<|im_end|>", "<|eom_id|>")
 
 
-class Tokenizer:
-    """Encode text to ids and decode ids to text; mirrors transformers' tokenizer for the model."""
+@dataclass(frozen=True)
+class ChatTemplate:
+    """A Jinja chat template and where it was found (for ``aserve info`` and logs)."""
 
-    def __init__(
+    text: str
+    source: str
+
+
+class Tokenizer(ABC):
+    """Encode text to ids and decode ids to text; mirrors transformers' tokenizer for the model.
+
+    Subclasses set up their backend, then call ``_finish_init`` with the special-token facts.
+    """
+
+    _bos: int | None
+    _eos: tuple[int, ...]
+    _special: frozenset[int]
+    _template: ChatTemplate | None
+    _source: str
+
+    def _finish_init(
         self,
-        proto: ModelProto,
         *,
         bos_token_id: int | None,
         eos_token_ids: Iterable[int],
-        add_bos: bool = True,
-        chat_template: str | None = None,
+        special_ids: Iterable[int],
+        chat_template: ChatTemplate | None,
+        source: str,
     ) -> None:
-        proto = sp_pb2.ModelProto.FromString(proto.SerializeToString())
-        self._pieces = [p.piece for p in proto.pieces]
-        self._piece_ids: dict[str, int] | None = None
-        special: set[int] = set()
-        unk_id: int | None = None
-        for i, p in enumerate(proto.pieces):
-            if p.type == CONTROL:
-                # transformers matches control tokens whole in the input text (as special added
-                # tokens); sentencepiece only does that for user-defined pieces, so switch them.
-                special.add(i)
-                p.type = USER_DEFINED  # type: ignore[assignment]
-            elif p.type == UNKNOWN:
-                special.add(i)
-                unk_id = i
-        self._special = frozenset(special)
-        self._unk_id = unk_id
-        self._unk_piece = self._pieces[unk_id] if unk_id is not None else None
-        self._sp = spm.SentencePieceProcessor(model_proto=proto.SerializeToString())
-        self._bos = bos_token_id
-        self._add_bos = add_bos and bos_token_id is not None
-        eos = [i for i in eos_token_ids if 0 <= i < len(self._pieces)]
+        n = self.vocab_size
+        self._bos = bos_token_id if bos_token_id is not None and 0 <= bos_token_id < n else None
+        eos = list(dict.fromkeys(i for i in eos_token_ids if 0 <= i < n))
         for piece in _END_OF_TURN_PIECES:
             pid = self.piece_to_id(piece)
             if pid is not None and pid not in eos:
                 eos.append(pid)
         self._eos = tuple(eos)
-        self._chat_template = chat_template
+        self._special = frozenset(special_ids)
+        self._template = chat_template
+        self._source = source
 
     # ---- constructors -------------------------------------------------------------------
 
-    @classmethod
-    def from_gguf(cls, path: str | Path) -> Tokenizer:
-        """Rebuild the tokenizer from a GGUF file's ``tokenizer.ggml.*`` metadata."""
-        path = Path(path)
-        if not path.is_file():
-            raise ModelNotFoundError(f"GGUF file {path} does not exist")
-        meta = read_gguf_metadata(path)
-        proto, special = proto_from_gguf(meta)
-        template = meta.get("tokenizer.chat_template")
-        return cls(
-            proto,
-            bos_token_id=special.bos,
-            eos_token_ids=[special.eos] if special.eos is not None else [],
-            add_bos=special.add_bos,
-            chat_template=template if isinstance(template, str) else None,
-        )
+    @staticmethod
+    def load(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
+        """The tokenizer of a model path: a ``.gguf`` file or a Hugging Face directory.
 
-    @classmethod
-    def from_hf_dir(cls, path: str | Path) -> Tokenizer:
-        """Load ``tokenizer.model`` plus BOS/EOS/chat template from a Hugging Face directory."""
-        root = Path(path)
-        model_file = root / "tokenizer.model"
-        if not model_file.is_file():
-            raise ModelNotFoundError(f"{root} has no tokenizer.model (sentencepiece) file")
-        try:
-            proto = sp_pb2.ModelProto.FromString(model_file.read_bytes())
-        except Exception as exc:  # protobuf raises its own DecodeError type
-            raise ModelLoadError(f"{model_file} is not a sentencepiece model: {exc}") from exc
-        tok_cfg = _read_json(root / "tokenizer_config.json")
-        pieces = {p.piece: i for i, p in enumerate(proto.pieces)}
-        spec = proto.trainer_spec
-        bos: int | None = spec.bos_id if spec.bos_id >= 0 else None
-        eos: list[int] = [spec.eos_id] if spec.eos_id >= 0 else []
-        # Later files win: generation_config.json is what HF generation actually stops on.
-        for cfg in (
-            _read_json(root / "config.json"),
-            tok_cfg,
-            _read_json(root / "generation_config.json"),
-        ):
-            bos_ids = _token_ids(cfg.get("bos_token_id"), pieces)
-            bos = bos_ids[0] if bos_ids else bos
-            if cfg.get("eos_token_id") is not None:
-                eos = _token_ids(cfg["eos_token_id"], pieces)
-        for key, value in (
-            ("bos_token", tok_cfg.get("bos_token")),
-            ("eos_token", tok_cfg.get("eos_token")),
-        ):
-            ids = _token_ids(value, pieces)
-            if ids and key == "bos_token":
-                bos = ids[0]
-            elif ids and ids[0] not in eos:
-                eos.insert(0, ids[0])
-        template = tok_cfg.get("chat_template")
-        if isinstance(template, list):  # several named templates: use the default one
-            template = next(
-                (t.get("template") for t in template if t.get("name") == "default"),
-                None,
-            )
-        return cls(
-            proto,
-            bos_token_id=bos,
-            eos_token_ids=eos,
-            add_bos=bool(tok_cfg.get("add_bos_token", True)),
-            chat_template=template if isinstance(template, str) else None,
-        )
+        ``cache_dir`` keeps GGUF byte-level vocabularies converted to ``tokenizer.json`` form.
+        """
+        path = Path(path)
+        if path.suffix == ".gguf":
+            return Tokenizer.from_gguf(path, cache_dir)
+        return Tokenizer.from_hf_dir(path)
+
+    @staticmethod
+    def from_gguf(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
+        """From a GGUF file's ``tokenizer.*`` metadata: sentencepiece (``llama``) or byte-level BPE (``gpt2``)."""
+        from aserve.tokenizer.loading import tokenizer_from_gguf
+
+        return tokenizer_from_gguf(Path(path), cache_dir)
+
+    @staticmethod
+    def from_hf_dir(path: str | Path) -> Tokenizer:
+        """From a Hugging Face directory: ``tokenizer.json`` if present, else ``tokenizer.model``."""
+        from aserve.tokenizer.loading import tokenizer_from_hf_dir
+
+        return tokenizer_from_hf_dir(Path(path))
 
     # ---- properties ---------------------------------------------------------------------
 
@@ -140,94 +93,51 @@ class Tokenizer:
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
+        """Ids that end generation: the model's EOS plus end-of-turn pieces of chat models."""
         return self._eos
 
     @property
-    def vocab_size(self) -> int:
-        return len(self._pieces)
+    def chat_template(self) -> str | None:
+        return self._template.text if self._template is not None else None
 
     @property
-    def chat_template(self) -> str | None:
-        return self._chat_template
+    def chat_template_source(self) -> str | None:
+        """Where the chat template came from, e.g. ``"tokenizer_config.json"``; None without one."""
+        return self._template.source if self._template is not None else None
 
-    def id_to_piece(self, token_id: int) -> str:
-        return self._pieces[token_id]
-
-    def piece_to_id(self, piece: str) -> int | None:
-        if self._piece_ids is None:
-            self._piece_ids = {p: i for i, p in enumerate(self._pieces)}
-        return self._piece_ids.get(piece)
+    @property
+    def source(self) -> str:
+        """Which backend and which file(s), e.g. ``"tokenizers: tokenizer.json"``."""
+        return self._source
 
     def is_special(self, token_id: int) -> bool:
+        """True for ids ``decode(..., skip_special_tokens=True)`` drops."""
         return token_id in self._special
 
-    def token_bytes(self) -> list[bytes]:
-        """Each id's bytes as it appears in decoded text (what a grammar engine matches):
-        ``▁`` is a space, a byte-fallback piece ``<0x0A>`` its byte; special tokens keep their
-        text (the engine must treat them as special, see ``is_special``)."""
-        out: list[bytes] = []
-        for i, piece in enumerate(self._pieces):
-            if self._sp.IsByte(i):
-                out.append(bytes([int(piece[3:5], 16)]))
-            else:
-                out.append(piece.replace("\u2581", " ").encode())
-        return out
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer knows (added tokens included)."""
 
-    # ---- encode / decode ----------------------------------------------------------------
+    @abstractmethod
+    def id_to_piece(self, token_id: int) -> str:
+        """The vocabulary entry of ``token_id`` as the tokenizer spells it (``▁x``, ``Ġx``, ``<0x0A>``)."""
 
+    @abstractmethod
+    def piece_to_id(self, piece: str) -> int | None:
+        """The id of a vocabulary entry spelled as ``id_to_piece`` spells it; None if absent."""
+
+    @abstractmethod
+    def token_text(self, token_id: int) -> str:
+        """One token's own text for logprobs (leading space kept, bytes of a split character
+        shown as U+FFFD); concatenated, these need not equal ``decode``."""
+
+    @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids for ``text``; ``add_special_tokens`` prepends BOS when the model wants it."""
-        ids: list[int] = [self._bos] if add_special_tokens and self._add_bos and self._bos is not None else []
-        if self._unk_piece is not None and self._unk_piece in text:
-            # The unknown piece cannot also be user-defined, so match it whole here.
-            parts = text.split(self._unk_piece)
-            for k, part in enumerate(parts):
-                if k:
-                    ids.append(self._unk_id)  # type: ignore[arg-type]
-                if part:
-                    ids.extend(self._sp.EncodeAsIds(part))
-            return ids
-        ids.extend(self._sp.EncodeAsIds(text))
-        return ids
+        """Token ids for ``text``; ``add_special_tokens`` adds BOS (and EOS) where the model wants them.
+        Special tokens written in the text (``<|im_end|>``) are matched whole."""
 
+    @abstractmethod
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        """Text for ``ids``; control tokens are dropped when ``skip_special_tokens``."""
-        if skip_special_tokens:
-            if not self._special.isdisjoint(ids):
-                ids = [i for i in ids if i not in self._special]
-        elif self._unk_id is not None and self._unk_id in ids:
-            # sentencepiece renders the unknown id as " ⁇ "; transformers prints its piece.
-            out: list[str] = []
-            start = 0
-            for k, i in enumerate(ids):
-                if i == self._unk_id:
-                    out.append(self._sp.DecodeIds(list(ids[start:k])) + self._pieces[i])
-                    start = k + 1
-            out.append(self._sp.DecodeIds(list(ids[start:])))
-            return "".join(out)
-        return str(self._sp.DecodeIds(list(ids)))
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot parse {path}: {exc}") from exc
-    return data if isinstance(data, dict) else {}
-
-
-def _token_ids(value: Any, pieces: dict[str, int]) -> list[int]:
-    """Ids from a config value: an int, a list of ints, a token string or an AddedToken dict."""
-    if isinstance(value, bool) or value is None:
-        return []
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [i for v in value for i in _token_ids(v, pieces)]
-    if isinstance(value, dict):
-        return _token_ids(value.get("content"), pieces)
-    if isinstance(value, str) and value in pieces:
-        return [pieces[value]]
-    return []
+        """Text for ``ids``; special tokens are dropped when ``skip_special_tokens``. Bytes of an
+        unfinished UTF-8 character come out as U+FFFD."""

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from aserve.errors import InvalidRequestError
-from aserve.tokenizer import Tokenizer, apply_chat_template
+from aserve.tokenizer import ChatTemplate, Tokenizer, apply_chat_template
+from aserve.tokenizer.spm import SentencePieceTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -73,11 +74,11 @@ def test_jinja_template(tok: Tokenizer) -> None:
         "[{{ m['role'] }}] {{ m['content'] }}{{ eos_token }}\n{% endfor %}"
         "{% if add_generation_prompt %}[assistant]{% endif %}"
     )
-    jt = Tokenizer(
+    jt = SentencePieceTokenizer(
         _proto_of(tok),
         bos_token_id=tok.bos_token_id,
         eos_token_ids=tok.eos_token_ids,
-        chat_template=template,
+        chat_template=ChatTemplate(template, "test"),
     )
     out = apply_chat_template(jt, [{"role": "user", "content": "hi"}])
     assert out == "<bos>[user] hi<eos>\n[assistant]"
