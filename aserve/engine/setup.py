@@ -19,6 +19,7 @@ from aserve.models.loader import cache_dir, load_model
 from aserve.progress import phase
 from aserve.scheduler.sizing import BatchSizes, choose_batch_sizes
 from aserve.tokenizer.tokenizer import Tokenizer
+from aserve.tokenizer.tokenizer import load_tokenizer as _load_tokenizer
 
 _CPU_MAX_CONTEXT = 8192
 log = get_logger("aserve.engine")
@@ -41,7 +42,7 @@ class LoadedEngine:
 def load_tokenizer(path: Path) -> Tokenizer:
     # A GGUF byte-level vocabulary converted to tokenizer.json form is kept beside the
     # dequantized weights, so later loads (and each API front end) skip the conversion.
-    return Tokenizer.load(path, cache_dir())
+    return _load_tokenizer(path, cache_dir())
 
 
 def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:

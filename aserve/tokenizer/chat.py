@@ -23,7 +23,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from aserve.errors import InvalidRequestError
-from aserve.tokenizer.tokenizer import Tokenizer
+from aserve.tokenizer.base import Tokenizer
 
 _ROLES = frozenset({"system", "user", "assistant", "tool"})
 

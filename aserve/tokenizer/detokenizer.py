@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from aserve.tokenizer.tokenizer import Tokenizer
+from aserve.tokenizer.base import Tokenizer
 
 _REPLACEMENT = "\ufffd"
 _WINDOW = 16  # tokens the decode window may hold before its start moves up

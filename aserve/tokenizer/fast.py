@@ -7,7 +7,7 @@ from functools import cache
 
 import tokenizers
 
-from aserve.tokenizer.tokenizer import ChatTemplate, Tokenizer
+from aserve.tokenizer.base import ChatTemplate, Tokenizer
 
 
 @cache

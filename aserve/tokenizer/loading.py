@@ -21,20 +21,33 @@ from tokenizers import AddedToken, processors
 from tokenizers import Tokenizer as HFTokenizer
 
 from aserve.errors import ModelLoadError, ModelNotFoundError
+from aserve.tokenizer.base import ChatTemplate, Tokenizer
 from aserve.tokenizer.fast import FastTokenizer
 from aserve.tokenizer.gguf_bpe import bpe_from_gguf
 from aserve.tokenizer.gguf_proto import proto_from_gguf, read_gguf_metadata, sp_pb2
 from aserve.tokenizer.spm import SentencePieceTokenizer
-from aserve.tokenizer.tokenizer import ChatTemplate, Tokenizer
 
 _CACHE_VERSION = "1"
 _GGUF_TEMPLATE = "GGUF metadata (tokenizer.chat_template)"
 
 
+def load_tokenizer(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
+    """The tokenizer of a model path: a ``.gguf`` file or a Hugging Face directory.
+
+    ``cache_dir`` keeps GGUF byte-level vocabularies converted to ``tokenizer.json`` form.
+    """
+    path = Path(path)
+    if path.suffix == ".gguf":
+        return tokenizer_from_gguf(path, cache_dir)
+    return tokenizer_from_hf_dir(path)
+
+
 # ---- GGUF ---------------------------------------------------------------------------------
 
 
-def tokenizer_from_gguf(path: Path, cache_dir: Path | None) -> Tokenizer:
+def tokenizer_from_gguf(path: str | Path, cache_dir: Path | None = None) -> Tokenizer:
+    """From a GGUF file's ``tokenizer.*`` metadata: sentencepiece (``llama``) or byte-level BPE (``gpt2``)."""
+    path = Path(path)
     if not path.is_file():
         raise ModelNotFoundError(f"GGUF file {path} does not exist")
     cached = _gguf_cache_path(path, cache_dir) if cache_dir is not None else None
@@ -112,7 +125,9 @@ def _load_cached(gguf: Path, cached: Path) -> Tokenizer:
 # ---- Hugging Face directory ---------------------------------------------------------------
 
 
-def tokenizer_from_hf_dir(root: Path) -> Tokenizer:
+def tokenizer_from_hf_dir(root: str | Path) -> Tokenizer:
+    """From a Hugging Face directory: ``tokenizer.model`` if present (sentencepiece), else ``tokenizer.json``."""
+    root = Path(root)
     tok_cfg = _read_json(root / "tokenizer_config.json")
     template = find_chat_template(root, tok_cfg)
     if (root / "tokenizer.model").is_file():

@@ -6,8 +6,8 @@ from collections.abc import Iterable, Sequence
 
 import sentencepiece as spm
 
+from aserve.tokenizer.base import ChatTemplate, Tokenizer
 from aserve.tokenizer.gguf_proto import CONTROL, UNKNOWN, USER_DEFINED, ModelProto, sp_pb2
-from aserve.tokenizer.tokenizer import ChatTemplate, Tokenizer
 
 
 class SentencePieceTokenizer(Tokenizer):

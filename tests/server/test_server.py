@@ -33,9 +33,9 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture(scope="module")
 def tokenizer(default_gguf: Path) -> Any:
-    from aserve.tokenizer.tokenizer import Tokenizer
+    from aserve.tokenizer.tokenizer import tokenizer_from_gguf
 
-    return Tokenizer.from_gguf(default_gguf)
+    return tokenizer_from_gguf(default_gguf)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aserve.errors import ModelLoadError
-from aserve.tokenizer import Tokenizer
+from aserve.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
 from aserve.tokenizer.fast import FastTokenizer
 from tests.tokenizer.bpe import FAMILIES, Family, save_gguf, save_hf_dir, train
 from tests.tokenizer.test_tokenizer import CORPUS
@@ -63,13 +63,13 @@ def _same(ours: Tokenizer, ref: Any, texts: list[str]) -> None:
 
 
 def test_tokenizer_json_matches_transformers(case: Case, refs: tuple[Any, Any]) -> None:
-    tok = Tokenizer.from_hf_dir(case.hf_dir)
+    tok = tokenizer_from_hf_dir(case.hf_dir)
     assert isinstance(tok, FastTokenizer) and tok.source == "tokenizers: tokenizer.json"
     _same(tok, refs[0], BPE_CORPUS)
 
 
 def test_gguf_matches_transformers(case: Case, refs: tuple[Any, Any]) -> None:
-    tok = Tokenizer.from_gguf(case.gguf, case.cache)
+    tok = tokenizer_from_gguf(case.gguf, case.cache)
     assert isinstance(tok, FastTokenizer)
     assert f"pre-tokenizer {case.family.pre}" in tok.source
     _same(tok, refs[1], BPE_CORPUS)
@@ -78,23 +78,23 @@ def test_gguf_matches_transformers(case: Case, refs: tuple[Any, Any]) -> None:
 
 
 def test_gguf_cache_round_trip(case: Case) -> None:
-    first = Tokenizer.from_gguf(case.gguf, case.cache)
+    first = tokenizer_from_gguf(case.gguf, case.cache)
     cached = list(case.cache.iterdir())
     assert len(cached) == 1 and (cached[0] / "tokenizer.json").is_file()
-    again = Tokenizer.from_gguf(case.gguf, case.cache)
+    again = tokenizer_from_gguf(case.gguf, case.cache)
     assert "cached in" in again.source
     for text in BPE_CORPUS:
         assert again.encode(text, True) == first.encode(text, True)
     assert (again.bos_token_id, again.eos_token_ids) == (first.bos_token_id, first.eos_token_ids)
     # A damaged cache is rebuilt, not trusted.
     (cached[0] / "aserve_tokenizer.json").write_text("{")
-    rebuilt = Tokenizer.from_gguf(case.gguf, case.cache)
+    rebuilt = tokenizer_from_gguf(case.gguf, case.cache)
     assert rebuilt.encode(BPE_CORPUS[-1]) == first.encode(BPE_CORPUS[-1])
 
 
 def test_special_tokens(case: Case) -> None:
     fam = case.family
-    for tok in (Tokenizer.from_hf_dir(case.hf_dir), Tokenizer.from_gguf(case.gguf, case.cache)):
+    for tok in (tokenizer_from_hf_dir(case.hf_dir), tokenizer_from_gguf(case.gguf, case.cache)):
         for piece in fam.special:
             pid = tok.piece_to_id(piece)
             assert pid is not None and tok.is_special(pid)
@@ -111,7 +111,7 @@ def test_special_tokens(case: Case) -> None:
 
 
 def test_token_text(case: Case) -> None:
-    tok = Tokenizer.from_gguf(case.gguf, case.cache)
+    tok = tokenizer_from_gguf(case.gguf, case.cache)
     ids = tok.encode(" hello world")
     assert "".join(tok.token_text(i) for i in ids) == " hello world"
     assert tok.token_text(tok.encode(" world")[0]).startswith(" ")
@@ -124,7 +124,7 @@ def test_smollm_splits_digits_like_its_tokenizer_json(tmp_path: Path) -> None:
     """llama.cpp's smollm rule splits digits apart before GPT-2's regex, as SmolLM's own
     tokenizer.json does (transformers' GGUF loader does not: it uses GPT-2's regex alone)."""
     fam = FAMILIES["smollm"]
-    tok = Tokenizer.from_gguf(save_gguf(train(fam), fam, tmp_path / "s.gguf"), tmp_path)
+    tok = tokenizer_from_gguf(save_gguf(train(fam), fam, tmp_path / "s.gguf"), tmp_path)
     assert isinstance(tok, FastTokenizer)
     pre = tok.backend.pre_tokenizer
     assert pre is not None
@@ -135,7 +135,7 @@ def test_unknown_pre_tokenizer_is_refused(tmp_path: Path) -> None:
     fam = FAMILIES["gpt-2"]
     path = save_gguf(train(fam), Family("made-up", fam.special, fam.bos, fam.eos, False), tmp_path / "x.gguf")
     with pytest.raises(ModelLoadError, match="made-up"):
-        Tokenizer.from_gguf(path)
+        tokenizer_from_gguf(path)
 
 
 def test_hf_dir_add_bos_token_overrides_post_processor(case: Case, tmp_path: Path) -> None:
@@ -152,4 +152,4 @@ def test_hf_dir_add_bos_token_overrides_post_processor(case: Case, tmp_path: Pat
     for flag in (True, False):
         (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "add_bos_token": flag, "add_eos_token": flag}))
         ref = transformers.AutoTokenizer.from_pretrained(str(d), add_bos_token=flag, add_eos_token=flag)
-        _same(Tokenizer.from_hf_dir(d), ref, BPE_CORPUS[:6])
+        _same(tokenizer_from_hf_dir(d), ref, BPE_CORPUS[:6])

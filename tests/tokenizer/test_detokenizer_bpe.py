@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aserve.tokenizer import IncrementalDetokenizer, Tokenizer
+from aserve.tokenizer import IncrementalDetokenizer, Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
 from tests.tokenizer.bpe import FAMILIES, save_gguf, save_hf_dir, train
 from tests.tokenizer.test_bpe import BPE_CORPUS
 from tests.tokenizer.test_detokenizer import _stream
@@ -22,8 +22,8 @@ def tok(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     root = tmp_path_factory.mktemp("detok")
     trained = train(family, VOCAB)
     if request.param == "qwen2":
-        return Tokenizer.from_gguf(save_gguf(trained, family, root / "m.gguf"), root)
-    return Tokenizer.from_hf_dir(save_hf_dir(trained, family, root))
+        return tokenizer_from_gguf(save_gguf(trained, family, root / "m.gguf"), root)
+    return tokenizer_from_hf_dir(save_hf_dir(trained, family, root))
 
 
 def test_split_characters_are_held_back(tok: Tokenizer) -> None:
@@ -72,6 +72,6 @@ def test_arbitrary_ids(tok: Tokenizer, ids: list[int], sizes: list[int], skip: b
 
 
 def test_sentencepiece_and_bpe_share_the_interface(tok: Tokenizer, default_gguf: Path) -> None:
-    spm = Tokenizer.from_gguf(default_gguf)
+    spm = tokenizer_from_gguf(default_gguf)
     for t in (spm, tok):
         assert t.decode(t.encode("héllo 🦙", add_special_tokens=True)) == "héllo 🦙"

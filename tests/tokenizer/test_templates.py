@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from aserve.errors import InvalidRequestError
-from aserve.tokenizer import ChatTemplate, Tokenizer, apply_chat_template
+from aserve.tokenizer import ChatTemplate, Tokenizer, apply_chat_template, tokenizer_from_gguf, tokenizer_from_hf_dir
 from aserve.tokenizer.gguf_proto import proto_from_gguf, read_gguf_metadata
 from aserve.tokenizer.spm import SentencePieceTokenizer
 from tests.tokenizer.bpe import FAMILIES, save_gguf, save_hf_dir, train
@@ -61,7 +61,7 @@ DOCUMENTS = [{"title": "Über", "text": "<b>bold</b> & ünïcode"}]
 
 @pytest.fixture(scope="module")
 def gemma(default_gguf: Path) -> Tokenizer:
-    return Tokenizer.from_gguf(default_gguf)
+    return tokenizer_from_gguf(default_gguf)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def qwen_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tool_template_matches_transformers(qwen_dir: Path) -> None:
     transformers = pytest.importorskip("transformers")
     ref = transformers.AutoTokenizer.from_pretrained(str(qwen_dir))
-    tok = Tokenizer.from_hf_dir(qwen_dir)
+    tok = tokenizer_from_hf_dir(qwen_dir)
     assert tok.chat_template_source == "chat_template.jinja"
     msgs = [
         {"role": "system", "content": "skipped by continue"},
@@ -131,7 +131,7 @@ def test_raise_exception_is_a_request_error(qwen_dir: Path) -> None:
     msgs = [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "abracadabra"}]
     with pytest.raises(Exception, match="no wizards: abracadabra"):
         ref.apply_chat_template(msgs, tokenize=False)
-    tok = Tokenizer.from_hf_dir(qwen_dir)
+    tok = tokenizer_from_hf_dir(qwen_dir)
     # Our validation refuses unknown roles before the template sees them; a template's own
     # raise_exception reaches the client as a 400 with its message.
     with pytest.raises(InvalidRequestError, match="role"):
@@ -140,7 +140,7 @@ def test_raise_exception_is_a_request_error(qwen_dir: Path) -> None:
     (qwen_dir / "chat_template.jinja").write_text(strict)
     try:
         with pytest.raises(InvalidRequestError, match="one message only, got 2"):
-            apply_chat_template(Tokenizer.from_hf_dir(qwen_dir), msgs[:1] * 2)
+            apply_chat_template(tokenizer_from_hf_dir(qwen_dir), msgs[:1] * 2)
     finally:
         (qwen_dir / "chat_template.jinja").write_text(TOOL_TEMPLATE)
 
@@ -152,7 +152,7 @@ def test_sandbox_and_globals(qwen_dir: Path) -> None:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             (d / f).write_bytes((qwen_dir / f).read_bytes())
         (d / "chat_template.jinja").write_text(template)
-        return apply_chat_template(Tokenizer.from_hf_dir(d), [{"role": "user", "content": "x"}])
+        return apply_chat_template(tokenizer_from_hf_dir(d), [{"role": "user", "content": "x"}])
 
     assert render("{{ strftime_now('%Y') | length }}") == "4"
     with pytest.raises(InvalidRequestError):
@@ -168,16 +168,16 @@ def test_template_sources(tmp_path: Path) -> None:
     family = FAMILIES["qwen2"]
     trained = train(family)
     d = save_hf_dir(trained, family, tmp_path / "cfg", chat_template="from config {{ messages[0].content }}")
-    tok = Tokenizer.from_hf_dir(d)
+    tok = tokenizer_from_hf_dir(d)
     assert tok.chat_template_source == "tokenizer_config.json"
     assert apply_chat_template(tok, [{"role": "user", "content": "x"}]) == "from config x"
     (d / "chat_template.jinja").write_text("from file")
-    assert Tokenizer.from_hf_dir(d).chat_template_source == "chat_template.jinja"
+    assert tokenizer_from_hf_dir(d).chat_template_source == "chat_template.jinja"
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     cfg["chat_template"] = [{"name": "tool_use", "template": "t"}, {"name": "default", "template": "named default"}]
     (d / "tokenizer_config.json").write_text(json.dumps(cfg))
     (d / "chat_template.jinja").unlink()
-    assert Tokenizer.from_hf_dir(d).chat_template == "named default"
-    g = Tokenizer.from_gguf(save_gguf(trained, family, tmp_path / "t.gguf", chat_template="gguf {{ bos_token }}"))
+    assert tokenizer_from_hf_dir(d).chat_template == "named default"
+    g = tokenizer_from_gguf(save_gguf(trained, family, tmp_path / "t.gguf", chat_template="gguf {{ bos_token }}"))
     assert g.chat_template_source == "GGUF metadata (tokenizer.chat_template)"
     assert apply_chat_template(g, [{"role": "user", "content": "x"}]) == "gguf "

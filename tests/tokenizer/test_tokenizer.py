@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import sentencepiece as spm
 
-from aserve.tokenizer import Tokenizer
+from aserve.tokenizer import Tokenizer, tokenizer_from_gguf, tokenizer_from_hf_dir
 
 CORPUS: list[str] = [
     "",
@@ -44,7 +44,7 @@ def gguf_path() -> Path:
 @pytest.fixture(scope="module")
 def tok(gguf_path: Path) -> Tokenizer:
     start = time.perf_counter()
-    t = Tokenizer.from_gguf(gguf_path)
+    t = tokenizer_from_gguf(gguf_path)
     elapsed = time.perf_counter() - start
     print(f"Tokenizer.from_gguf took {elapsed:.2f}s")
     assert elapsed < 10
@@ -143,7 +143,7 @@ HF_CORPUS = ["", "The text round-trips.", "  two  spaces", "ünïcode 日本 �
 
 def test_from_hf_dir(hf_dir: Path) -> None:
     start = time.perf_counter()
-    tok = Tokenizer.from_hf_dir(hf_dir)
+    tok = tokenizer_from_hf_dir(hf_dir)
     print(f"Tokenizer.from_hf_dir took {time.perf_counter() - start:.3f}s")
     ref = spm.SentencePieceProcessor(model_file=str(hf_dir / "tokenizer.model"))
     assert tok.bos_token_id == 1 and tok.eos_token_ids == (2,)
@@ -160,7 +160,7 @@ def test_from_hf_dir_matches_transformers(hf_dir: Path) -> None:
         ref = transformers.AutoTokenizer.from_pretrained(str(hf_dir))
     except Exception as exc:
         pytest.skip(f"transformers cannot load the test dir: {exc}")
-    tok = Tokenizer.from_hf_dir(hf_dir)
+    tok = tokenizer_from_hf_dir(hf_dir)
     # Known difference: for runs of spaces transformers' converted (fast) Llama tokenizer
     # does not pre-split on whitespace like sentencepiece does, and skips the model's nmt_nfkc
     # normalizer (which maps \n and \t to spaces); we follow sentencepiece.
