@@ -105,6 +105,11 @@ class Tokenizer(ABC):
         shown as U+FFFD); concatenated, these need not equal ``decode``."""
 
     @abstractmethod
+    def token_bytes(self) -> list[bytes]:
+        """Every id's bytes as they appear in decoded text (what a grammar engine matches
+        against); special tokens keep their text (``is_special`` tells them apart)."""
+
+    @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids for ``text``; ``add_special_tokens`` adds BOS (and EOS) where the model wants them.
         Special tokens written in the text (``<|im_end|>``) are matched whole."""

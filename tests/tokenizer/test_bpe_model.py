@@ -95,3 +95,37 @@ def test_server_chat_matches_transformers(qwen: tuple[Path, Any, Any], tmp_path:
     tokens = [c["token"] for c in choice["logprobs"]["content"]]
     assert len(tokens) in (cut, cut + 1)  # with or without the stop token
     assert not any(ch in "".join(tokens) for ch in "ĠĊ")
+
+
+def test_structured_outputs_over_a_byte_level_vocabulary(qwen: tuple[Path, Any, Any]) -> None:
+    """The grammar engine walks byte-level BPE tokens (Ġ spellings as their bytes): a random
+    model's sampled output still matches its regex, choice and JSON schema."""
+    import json
+    import re
+
+    import jsonschema
+
+    from aserve.sampling_params import StructuredOutputs
+
+    root, _, _ = qwen
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}  # fmt: skip
+    specs = [StructuredOutputs(regex=r"[a-z]{2,5} \d{1,3}"), StructuredOutputs(choice=("日本語", "emoji 🦙")),
+             StructuredOutputs(json=schema)]  # fmt: skip
+
+    async def run() -> list[list[str]]:
+        async with aserve.Engine(model=str(root), warmup=False) as engine:
+            out = []
+            for so in specs:
+                texts = []
+                for seed in range(4):
+                    params = aserve.SamplingParams(max_tokens=40, temperature=1.0, seed=seed, structured_outputs=so)
+                    texts.append((await engine.complete("x", params)).text)
+                out.append(texts)
+            return out
+
+    regex_out, choice_out, json_out = anyio.run(run)
+    assert all(re.fullmatch(r"[a-z]{2,5} \d{1,3}", t) for t in regex_out), regex_out
+    assert all(t in ("日本語", "emoji 🦙") for t in choice_out), choice_out
+    for t in json_out:
+        jsonschema.validate(json.loads(t), schema)
