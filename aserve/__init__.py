@@ -25,7 +25,7 @@ if TYPE_CHECKING:
         RequestAbortedError,
     )
     from aserve.outputs import CompletionOutput, CompletionResult, Delta, TokenLogprob, Usage
-    from aserve.sampling_params import SamplingParams
+    from aserve.sampling_params import SamplingParams, StructuredOutputs
 
 __version__ = "0.1.0"
 
@@ -34,6 +34,7 @@ _HOME = {
     "Engine": "aserve.engine",
     "RequestStream": "aserve.engine",
     "SamplingParams": "aserve.sampling_params",
+    "StructuredOutputs": "aserve.sampling_params",
     **dict.fromkeys(("CompletionOutput", "CompletionResult", "Delta", "TokenLogprob", "Usage"), "aserve.outputs"),
     **dict.fromkeys(
         (
@@ -68,6 +69,7 @@ __all__ = [
     "RequestAbortedError",
     "RequestStream",
     "SamplingParams",
+    "StructuredOutputs",
     "TokenLogprob",
     "Usage",
     "__version__",
