@@ -52,7 +52,7 @@ def main() -> None:
     ap.add_argument(
         "--only",
         default="wake,parity,bf16,w2",
-        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, batch, w3, ops, profile, kprofile",
+        help="comma list of: wake, parity, bf16, w2, copy, w1, floor, batch, structured, w3, ops, profile, kprofile",
     )
     ap.add_argument("--attention-backend", default="auto", choices=["auto", "torch", "triton"])
     ap.add_argument(
@@ -163,6 +163,26 @@ def main() -> None:
         ]
         print(json.dumps(results["batch"]), flush=True)
         save()
+    if "structured" in only:
+        # Decode with every request constrained by a JSON schema that never completes within
+        # the output length (so both runs make the same tokens), against the same run free.
+        plen, olen = (16, 24) if args.tiny else (128, 256)
+        never_done = aserve.StructuredOutputs(json=STRUCTURED_BENCH_SCHEMA)
+        results["structured"] = []
+        for b in (int(x) for x in args.batches.split(",")):
+            free = run_throughput(g, root, tok, args.device, bf16, b, plen, olen, True, b, opts)
+            bound = run_throughput(g, root, tok, args.device, bf16, b, plen, olen, True, b, opts, structured=never_done)
+            row = {
+                "batch": b,
+                "free": free,
+                "json_schema": bound,
+                "ratio": bound["output_tok_s"] / free["output_tok_s"],
+            }
+            results["structured"].append(row)
+            print(f"structured b={b}: {bound['output_tok_s']:.0f} vs {free['output_tok_s']:.0f} tok/s "
+                  f"= {row['ratio']:.2f}x, busy {bound['device_busy_fraction']:.1%} vs {free['device_busy_fraction']:.1%}",
+                  flush=True)  # fmt: skip
+            save()
     if "w3" in only:
         path = root / g
         if not (path / "config.json").exists():
@@ -187,6 +207,16 @@ def main() -> None:
         save()
     save()
     _table(results)
+
+
+# An array of 200 bounded integers: at 256 output tokens the grammar is never complete, so a
+# constrained request makes exactly as many tokens as an unconstrained one.
+STRUCTURED_BENCH_SCHEMA = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0, "maximum": 999},
+    "minItems": 200,
+    "maxItems": 200,
+}
 
 
 def _driver() -> str | None:

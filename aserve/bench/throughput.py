@@ -20,13 +20,14 @@ from aserve.bench.checkpoints import SHAPES, _prompts, _run_batch, build_checkpo
 def run_throughput(
     shape: str, root: Path, tok_dir: Path, device: str, dtype: str, n: int, prompt_len: int, out_len: int,
     overlap: bool, max_running: int, opts: dict[str, Any], profiler: Any = None,
+    structured: aserve.StructuredOutputs | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     path = root / shape
     if not (path / "config.json").exists():
         build_checkpoint(shape, root, tok_dir)
     vocab = SHAPES[shape]["vocab_size"]
     prompts = _prompts(n, prompt_len, vocab, seed=3)
-    params = aserve.SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True)
+    params = aserve.SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True, structured_outputs=structured)
     kv_bytes = (8 if device.startswith("cuda") else 1) * 2**30  # a CPU run (--tiny) has host memory only
 
     async def run() -> dict[str, Any]:
