@@ -36,6 +36,8 @@ class CompletionOutput:
     finish_reason: FinishReason | None
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob] | None = None
+    # With ``SamplingParams.prompt_logprobs``: one per prompt token, None for the first.
+    prompt_logprobs: list[TokenLogprob | None] | None = None
 
 
 @dataclass
@@ -80,3 +82,6 @@ class Delta:
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     logprobs: list[TokenLogprob] | None = None
+    # With ``SamplingParams.prompt_logprobs``, on a choice's first delta: one per prompt token,
+    # None for the first (nothing precedes it).
+    prompt_logprobs: list[TokenLogprob | None] | None = None

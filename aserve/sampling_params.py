@@ -94,6 +94,9 @@ class SamplingParams:
     the given token ids before sampling (OpenAI's parameter; a dict or (id, bias) pairs).
     Logprobs still describe the model's own distribution. ``min_tokens``: no EOS, stop token
     id or stop string ends the request before this many tokens (vLLM's parameter).
+    ``prompt_logprobs``: the logprob of every prompt token after the first, with this many
+    alternatives (vLLM's parameter; OpenAI's ``echo`` with ``logprobs``); such a request does
+    not read the prefix cache, whose pages come without the logits.
     """
 
     max_tokens: int = 16
@@ -114,6 +117,7 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
     min_tokens: int = 0
+    prompt_logprobs: int | None = None
     structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
@@ -192,6 +196,10 @@ class SamplingParams:
             raise bad("stop_token_ids", "must be non-negative integers")
         if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= _MAX_LOGPROBS):
             raise bad("logprobs", f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.logprobs!r}")
+        if self.prompt_logprobs is not None and (
+            not _is_int(self.prompt_logprobs) or not 0 <= self.prompt_logprobs <= _MAX_LOGPROBS
+        ):
+            raise bad("prompt_logprobs", f"must be an integer in [0, {_MAX_LOGPROBS}], got {self.prompt_logprobs!r}")
         if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
             raise bad("min_tokens", f"must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
         if len(self.logit_bias) > _MAX_LOGIT_BIAS:

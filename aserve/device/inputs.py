@@ -12,7 +12,7 @@ Two shapes of step:
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
@@ -46,6 +46,8 @@ class StepFields(NamedTuple):
     pending_b: torch.Tensor  # [P] penalised decodes whose last output is still on the device:
     pending_c: torch.Tensor  #     (batch row, column in output_tokens, index among decodes)
     pending_decode: torch.Tensor
+    plp_idx: torch.Tensor  # [E] prompt positions (index into T) whose logits give prompt logprobs
+    plp_target: torch.Tensor  # [E] the prompt token that follows each
 
 
 class SamplingInputs(NamedTuple):
@@ -78,6 +80,10 @@ class StepInputs:
     prefix_cpu: list[int]
     extend_cpu: list[int]
     sampling: SamplingInputs | None  # None: the greedy graph fast path
+    # Prompt logprobs: alternatives per row, and (entry, first prompt position, rows) per
+    # sequence in launch order; the committer reads the rows back in this order.
+    plp_top: int = 0
+    plp_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -91,6 +97,7 @@ class DeviceInputs:
     sbatch: SamplingBatch | None  # None on the greedy graph fast path
     prefix_cpu: list[int]
     extend_cpu: list[int]
+    plp_top: int = 0
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, host: StepInputs, sbatch: SamplingBatch | None) -> DeviceInputs:
@@ -104,6 +111,7 @@ class DeviceInputs:
             sbatch=sbatch,
             prefix_cpu=host.prefix_cpu,
             extend_cpu=host.extend_cpu,
+            plp_top=host.plp_top,
         )
 
 
@@ -129,6 +137,10 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
     # (batch row, column in output_tokens, index among decodes): filled on the device
     pending: list[tuple[int, int, int]] = []
     sampling = SamplingInputs([], [], [], [], [], [], [])
+    plp_idx: list[int] = []
+    plp_target: list[int] = []
+    plp_spans: list[tuple[int, int, int]] = []
+    plp_top = 0
     for i, s in enumerate(plan.seqs):
         row, pos = s.row, s.prefix_len
         rows.append(row)
@@ -158,6 +170,17 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
             positions.extend(new_positions)
             table_slots.extend(s.prefix_slots)
             table_slots.extend(s.slots)
+            if s.req.wants_prompt_logprobs:
+                # Position j's logits give prompt token j + 1's logprob: every position of the
+                # chunk but the prompt's last (whose logits sample the first output).
+                prompt = s.req.prompt_ids
+                first = max(pos, len(s.req.prompt_logprobs) - 1)
+                last = min(pos + s.extend_len, len(prompt) - 1)
+                if last > first:
+                    plp_spans.append((i, first + 1, last - first))
+                    plp_idx.extend(range(len(input_ids) + first - pos, len(input_ids) + last - pos))
+                    plp_target.extend(prompt[first + 1 : last + 1])
+                    plp_top = max(plp_top, s.req.params.prompt_logprobs or 0)
             input_ids.extend(s.input_ids)
         req = s.req
         if s.samples:
@@ -197,10 +220,10 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
         table_slots=table_slots, input_ids=input_ids, positions=positions, logits_idx=logits_idx,
         decode_token_idx=decode_token_idx, decode_rows=decode_rows, decode_gens=decode_gens, sample_idx=sample_idx,
         pending_b=[b for b, _, _ in pending], pending_c=[c for _, c, _ in pending],
-        pending_decode=[d for _, _, d in pending],
+        pending_decode=[d for _, _, d in pending], plp_idx=plp_idx, plp_target=plp_target,
     )  # fmt: skip
     flat, spans = pack_int64(packed)
-    return StepInputs(flat, spans, prefix, extend, sampling)
+    return StepInputs(flat, spans, prefix, extend, sampling, plp_top, plp_spans)
 
 
 def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | None:

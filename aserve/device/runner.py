@@ -24,7 +24,7 @@ from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
-from aserve.sampling.sampler import SampleOutput, sample
+from aserve.sampling.sampler import SampleOutput, prompt_logprobs, sample
 from aserve.scheduler.policy import Plan
 
 
@@ -132,6 +132,10 @@ class ModelRunner:
         if f.decode_rows.numel() > 0:
             gathered = self.future_map.gather(f.decode_rows, f.decode_gens)
             input_ids = input_ids.index_put((f.decode_token_idx,), gathered)
+        logits_idx = f.logits_idx
+        num_prompt_rows = f.plp_idx.shape[0]  # host-known shape: no sync
+        if num_prompt_rows:
+            logits_idx = torch.cat((f.logits_idx, f.plp_idx))
         meta = AttentionMetadata(
             positions=f.positions,
             out_cache_loc=f.slots,
@@ -140,14 +144,20 @@ class ModelRunner:
             extend_lens=f.extend,
             seq_lens=f.prefix + f.extend,
             req_to_token=table,
-            logits_indices=f.logits_idx,
+            logits_indices=logits_idx,
             prefix_lens_cpu=dev.prefix_cpu,
             extend_lens_cpu=dev.extend_cpu,
             backend=self.attention_backend,
         )
         with torch.inference_mode():
-            logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B, V]
-        return self._sample_and_publish(logits, dev, gathered)
+            logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B + E, V]
+            if not num_prompt_rows:
+                return self._sample_and_publish(logits, dev, gathered)
+            b = f.logits_idx.shape[0]
+            prompt = prompt_logprobs(logits[b:], f.plp_target, dev.plp_top)
+            out = self._sample_and_publish(logits[:b], dev, gathered)
+        out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = prompt
+        return out
 
     def _graph_decode(self, dev: DeviceInputs, graph_in: torch.Tensor) -> SampleOutput:
         """An all-decode step from a captured graph (table update, gather, forward, greedy
@@ -198,6 +208,7 @@ class ModelRunner:
         stream.submit(copy_out)
         copied = stream.record(f"step{index}.copied")
         step = self._step(index, plan, begin, materialized, copied, [])
+        step.prompt_spans = host.plp_spans
         step.read_host = lambda: result["host"]
         return step
 
@@ -220,7 +231,7 @@ class ModelRunner:
         self.copy_stream.wait_stream(self.forward_stream)
         bufs: dict[str, torch.Tensor] = {}
         with torch.cuda.stream(self.copy_stream):
-            for name in ("token_ids", "logprobs", "top_ids", "top_logprobs"):
+            for name in _OUTPUTS:
                 t = getattr(out, name)
                 if t is not None:
                     buf = self.out_staging.buffer(index, t.dtype, t.numel()).view(t.shape)
@@ -228,23 +239,20 @@ class ModelRunner:
                     bufs[name] = buf
             copied = cuda_record(self.copy_stream, self.cuda_waiter, f"step{index}.copied")
         step = self._step(index, plan, begin, materialized, copied, [dev, out])
+        step.prompt_spans = host.plp_spans
         step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
 
 
+# What a step hands back to the host (SampleOutput's fields, StepOutputs' names).
+_OUTPUTS = ("token_ids", "logprobs", "top_ids", "top_logprobs", "prompt_logprobs", "prompt_top_ids",
+            "prompt_top_logprobs")  # fmt: skip
+
+
 def _to_host(out: SampleOutput) -> StepOutputs:
-    return StepOutputs(
-        token_ids=out.token_ids.tolist(),
-        logprobs=None if out.logprobs is None else out.logprobs.tolist(),
-        top_ids=None if out.top_ids is None else out.top_ids.tolist(),
-        top_logprobs=None if out.top_logprobs is None else out.top_logprobs.tolist(),
-    )
+    tensors: dict[str, torch.Tensor | None] = {name: getattr(out, name) for name in _OUTPUTS}
+    return StepOutputs(**{name: t.tolist() for name, t in tensors.items() if t is not None})
 
 
 def _bufs_to_outputs(bufs: dict[str, torch.Tensor]) -> StepOutputs:
-    return StepOutputs(
-        token_ids=bufs["token_ids"].tolist(),
-        logprobs=bufs["logprobs"].tolist() if "logprobs" in bufs else None,
-        top_ids=bufs["top_ids"].tolist() if "top_ids" in bufs else None,
-        top_logprobs=bufs["top_logprobs"].tolist() if "top_logprobs" in bufs else None,
-    )
+    return StepOutputs(**{name: t.tolist() for name, t in bufs.items()})

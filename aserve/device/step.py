@@ -34,6 +34,10 @@ class StepOutputs:
     logprobs: list[float] | None = None
     top_ids: list[list[int]] | None = None
     top_logprobs: list[list[float]] | None = None
+    # Prompt logprobs, rows in the order of ``Step.prompt_spans``.
+    prompt_logprobs: list[float] | None = None
+    prompt_top_ids: list[list[int]] | None = None
+    prompt_top_logprobs: list[list[float]] | None = None
 
 
 @dataclass(eq=False)
@@ -59,6 +63,8 @@ class Step:
     # Device tensors and host buffers that must outlive the device's use of them.
     keepalive: list[Any] = field(default_factory=list)
     read_host: Callable[[], StepOutputs] | None = None
+    # (entry, first prompt position, rows) of the prompt logprobs the step computed.
+    prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
 
     def read_outputs(self) -> StepOutputs:
         """Host copies of the sampled tokens; valid only once ``copied`` completed."""

@@ -72,12 +72,15 @@ class Admission:
         whole: bool,
         seeds: Sequence[int] | None = None,
         signal: Signal | None = None,
+        wake_every: int | None = None,
     ) -> list[Req]:
         """The ``params.n`` requests of one call. ``waiting``: requests submitted and not yet
         admitted (for the queue limit). ``whole=True`` (``complete``): the consumer is woken only
         when a choice finishes; otherwise every ``stream_interval`` tokens. ``seeds`` (one per
         choice) and ``signal`` (a wake-up shared with other requests, woken at every token) are
-        for the engine core serving a front end, which chose the seeds and reads per step."""
+        for the engine core serving a front end, which chose the seeds and reads per step.
+        ``wake_every`` overrides when a token wakes the consumer (a list prompt's requests
+        share one ``signal`` and one consumer, which keeps the stream's interval)."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("params must be an aserve.SamplingParams", param="params")
         lim = self.limits
@@ -119,11 +122,10 @@ class Admission:
             stop_ids.update(lim.eos_token_ids)
         # One request never needs more KV than the context or the whole pool holds.
         max_new_tokens = min(params.max_tokens, ctx - len(ids), lim.kv_tokens - len(ids))
+        if wake_every is None:
+            wake_every = 1 if signal is not None else 0 if whole else lim.stream_interval
         if signal is None:
             signal = Signal()  # one consumer waits for any of the n choices
-            wake_every = 0 if whole else lim.stream_interval
-        else:
-            wake_every = 1
         return [
             Req(
                 rid=rid if params.n == 1 else f"{rid}.{i}",

@@ -18,6 +18,7 @@ class OutputCell:
         "finish_reason",
         "finished",
         "logprobs",
+        "prompt_logprobs",
         "pushed",
         "signal",
         "stop_reason",
@@ -30,6 +31,8 @@ class OutputCell:
         self.token_ids: list[int] = []
         self.pushed = 0  # tokens pushed in all
         self.logprobs: list[TokenLogprob] = []
+        # Set (whole) by the commit of the last prefill chunk, before its first token.
+        self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.finished = False
         self.finish_reason: FinishReason | None = None
         self.stop_reason: str | int | None = None

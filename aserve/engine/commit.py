@@ -42,6 +42,14 @@ class Committer:
         outs = step.read_outputs()
         token_ids, with_logprobs = outs.token_ids, outs.logprobs is not None
         now = time.perf_counter()
+        # Before the entries: the last prompt chunk's logprobs must be whole when its first
+        # token reaches the cell.
+        row = 0
+        for i, first, count in step.prompt_spans:
+            req = step.entries[i].req
+            if req.finish_reason is None:
+                self._prompt_logprobs(req, outs, row, first, count)
+            row += count
         for i, entry in enumerate(step.entries):
             req = entry.req
             req.inflight -= 1
@@ -50,6 +58,10 @@ class Committer:
                 if entry.input_ids is not None:
                     # A prefill chunk's KV is written now: publish it for other requests.
                     self.scheduler.prefix.publish(req, entry.kv_end)
+                if entry.samples and req.params.prompt_logprobs is not None and not req.prompt_logprobs:
+                    req.prompt_logprobs.append(None)  # a one-token prompt: nothing to compute
+                    if req.cell is not None:
+                        req.cell.prompt_logprobs = req.prompt_logprobs
                 if entry.samples:
                     assert req.generation == entry.generation, (
                         f"{req.rid}: row generation {req.generation} != launched {entry.generation}"
@@ -60,6 +72,22 @@ class Committer:
                     self._append(req, token_ids[i], logprob, now)
             if req.finish_reason is not None:
                 self.scheduler.release_if_done(req)
+
+    @staticmethod
+    def _prompt_logprobs(req: Req, outs: StepOutputs, row: int, first: int, count: int) -> None:
+        lps, top_ids, top_lps = outs.prompt_logprobs, outs.prompt_top_ids, outs.prompt_top_logprobs
+        assert lps is not None and top_ids is not None and top_lps is not None, "prompt rows without outputs"
+        got = req.prompt_logprobs
+        if not got:
+            got.append(None)  # the first prompt token: nothing precedes it
+        k = req.params.prompt_logprobs or 0
+        for r in range(row, row + count):
+            pos = first + r - row
+            if pos != len(got):
+                continue  # recomputed after a retraction: kept from the first time
+            got.append(TokenLogprob(req.prompt_ids[pos], lps[r], tuple(zip(top_ids[r][:k], top_lps[r][:k]))))
+        if len(got) == len(req.prompt_ids) and req.cell is not None:
+            req.cell.prompt_logprobs = got
 
     @staticmethod
     def _logprob(outs: StepOutputs, i: int, k: int) -> TokenLogprob:

@@ -32,7 +32,7 @@ from aserve.engine.recorder import StepRecorder
 from aserve.engine.setup import LoadedEngine, load_engine_parts, load_on_stream
 from aserve.engine.step_loop import StepLoop
 from aserve.engine.stream import RequestStream, collect_result, stream_deltas
-from aserve.errors import EngineClosedError
+from aserve.errors import EngineClosedError, InvalidRequestError
 from aserve.kv.allocator import LedgerView
 from aserve.logs import get_logger
 from aserve.outputs import CompletionResult, Delta
@@ -321,6 +321,46 @@ class Engine:
         reqs = self.submit(prompt, params or SamplingParams(), request_id)
         return RequestStream(reqs, self.tokenizer, self.abort)
 
+    def open_streams(
+        self, prompts: Sequence[Prompt], params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> RequestStream:
+        """Several prompts as one stream (OpenAI's list ``prompt``): ``params.n`` choices per
+        prompt, ``Delta.index`` = prompt index * n + choice (OpenAI's and vLLM's numbering).
+        Validates every prompt before submitting any; ``aclose`` aborts them all."""
+        reqs = self._submit_many(prompts, params or SamplingParams(), request_id, whole=False)
+        return RequestStream(reqs, self.tokenizer, self.abort)
+
+    async def complete_many(
+        self, prompts: Sequence[Prompt], params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> CompletionResult:
+        """``complete`` for several prompts: one result whose ``outputs`` are numbered as in
+        ``open_streams`` and whose usage sums the prompts. Cancelling the caller aborts them."""
+        reqs = self._submit_many(prompts, params or SamplingParams(), request_id, whole=True)
+        return await collect_result(reqs, self.tokenizer, self.abort)
+
+    def _submit_many(
+        self, prompts: Sequence[Prompt], params: SamplingParams, request_id: str | None, *, whole: bool
+    ) -> list[Req]:
+        self._require()
+        if len(prompts) == 1:
+            return self.submit(prompts[0], params, request_id, whole=whole)
+        if not prompts:
+            raise InvalidRequestError("no prompts given", param="prompt")
+        self._check_open()
+        waiting = sum(1 for r in self._loop.live if r.row is None)
+        signal = Signal()  # one consumer for all of them
+        wake = 0 if whole else self._admission.limits.stream_interval
+        groups = [
+            self._admission.make_requests(
+                p, params, None if request_id is None else f"{request_id}-{k}", waiting=waiting + k * params.n,
+                whole=whole, signal=signal, wake_every=wake,
+            )
+            for k, p in enumerate(prompts)
+        ]  # fmt: skip
+        for reqs in groups:
+            self._enqueue(reqs)
+        return [r for reqs in groups for r in reqs]
+
     def watch_steps(self) -> contextlib.AbstractAsyncContextManager[MemoryObjectReceiveStream[Step]]:
         """``async with engine.watch_steps() as steps: async for step in steps: ...``: every
         step launched while the block runs, each with its four awaitable token states
@@ -376,22 +416,28 @@ class Engine:
         by all of one front end's requests). Returns the ``n`` choices' requests, whose output
         cells fill as steps commit; ``abort(req)`` ends one."""
         self._require()
-        if self._closed:
-            raise EngineClosedError("the engine is shutting down; no new requests are accepted")
-        if self._loop.broken is not None:
-            raise EngineClosedError(f"the engine stopped after a device error: {self._loop.broken}")
+        self._check_open()
         # Requests submitted but not yet admitted (some still in the ingest channel) count too.
         waiting = sum(1 for r in self._loop.live if r.row is None)
         reqs = self._admission.make_requests(
             prompt, params, request_id, waiting=waiting, whole=whole, seeds=seeds, signal=signal
         )
+        self._enqueue(reqs)
+        return reqs
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the engine is shutting down; no new requests are accepted")
+        if self._loop.broken is not None:
+            raise EngineClosedError(f"the engine stopped after a device error: {self._loop.broken}")
+
+    def _enqueue(self, reqs: list[Req]) -> None:
         trace = self._recorder.trace
         for r in reqs:
             if trace is not None:
                 trace.request_state(r.rid, "queued", r.arrival)
         self.prompt_tokens += len(reqs[0].prompt_ids)
         self._loop.submit(reqs)
-        return reqs
 
     def _on_finish(self, req: Req) -> None:
         self._loop.live.discard(req)

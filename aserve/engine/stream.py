@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
+import anyio
+
 from aserve.engine.cell import OutputCell
 from aserve.errors import AserveError, RequestAbortedError
 from aserve.outputs import CompletionOutput, CompletionResult, Delta, TokenLogprob, Usage
@@ -27,7 +29,8 @@ def cell_of(req: Req) -> OutputCell:
 async def stream_deltas(
     reqs: list[Req], tokenizer: Tokenizer, abort: Callable[[Req], None], detokenize: bool = True
 ) -> AsyncGenerator[Delta, None]:
-    """Yield the deltas of submitted ``reqs`` (the ``n`` choices of one call) as they commit.
+    """Yield the deltas of submitted ``reqs`` (the ``n`` choices of one call, or of each of
+    several prompts in turn) as they commit; ``Delta.index`` is the position in ``reqs``.
 
     ``detokenize=False``: deltas carry token ids only (``text`` stays empty). Closing the
     generator or cancelling its consumer aborts every unfinished request (``abort``); a
@@ -40,6 +43,7 @@ async def stream_deltas(
     hold = max((len(s) for s in params.stop), default=1) - 1
     emitted = [0] * len(reqs)
     done = [False] * len(reqs)
+    first_sent = [False] * len(reqs)  # the first delta of each choice carries the prompt's logprobs
     try:
         while not all(done):
             progressed = False
@@ -70,13 +74,18 @@ async def stream_deltas(
                     done[i] = True
                 if not ids and not new_text and not finished:
                     continue
+                prompt_lps = None
+                if params.prompt_logprobs is not None and not first_sent[i]:
+                    prompt_lps = cell.prompt_logprobs
+                first_sent[i] = True
                 yield Delta(
-                    index=req.index,
+                    index=i,
                     text=new_text,
                     token_ids=ids,
                     finish_reason=cell.finish_reason if finished else None,
                     stop_reason=cell.stop_reason if finished else None,
                     logprobs=lps if params.logprobs is not None else None,
+                    prompt_logprobs=prompt_lps,
                 )
             if not progressed:
                 await signal.wait()
@@ -99,6 +108,8 @@ async def collect_result(reqs: list[Req], tokenizer: Tokenizer, abort: Callable[
             out.token_ids.extend(delta.token_ids)
             if delta.logprobs:
                 logprobs[delta.index].extend(delta.logprobs)
+            if delta.prompt_logprobs is not None:
+                out.prompt_logprobs = delta.prompt_logprobs
             if delta.finish_reason is not None:
                 out.finish_reason = delta.finish_reason
                 out.stop_reason = delta.stop_reason
@@ -108,6 +119,7 @@ async def collect_result(reqs: list[Req], tokenizer: Tokenizer, abort: Callable[
         out.text = text if limit is None else text[:limit]
         out.logprobs = lps if params.logprobs is not None else None
     first = reqs[0]
+    heads = _prompt_heads(reqs)
     metrics: dict[str, float] = {}
     if first.first_token_time is not None:
         metrics["ttft_s"] = first.first_token_time - first.arrival
@@ -117,9 +129,18 @@ async def collect_result(reqs: list[Req], tokenizer: Tokenizer, abort: Callable[
         request_id=first.group_id,
         prompt_token_ids=list(first.prompt_ids),
         outputs=outputs,
-        usage=Usage(len(first.prompt_ids), sum(len(o.token_ids) for o in outputs), first.cached_prompt_tokens),
+        usage=Usage(
+            sum(len(r.prompt_ids) for r in heads),
+            sum(len(o.token_ids) for o in outputs),
+            sum(r.cached_prompt_tokens for r in heads),
+        ),
         metrics=metrics,
     )
+
+
+def _prompt_heads(reqs: list[Req]) -> list[Req]:
+    """The first choice of each prompt (usage counts a prompt once, whatever ``n``)."""
+    return [r for r in reqs if r.index == 0]
 
 
 class RequestStream:
@@ -136,6 +157,7 @@ class RequestStream:
         self._abort = abort
         self._admitted = admitted
         self._gen = stream_deltas(reqs, tokenizer, abort)
+        self._ended: set[int] = set()  # choices whose last delta was handed out
 
     async def admitted(self) -> None:
         """Returns once the engine took the request, or raises the typed error it refused it
@@ -151,13 +173,29 @@ class RequestStream:
     @property
     def cached_tokens(self) -> int:
         """Prompt tokens served from the prefix cache (0 until the request is admitted)."""
-        return self._reqs[0].cached_prompt_tokens
+        return sum(r.cached_prompt_tokens for r in _prompt_heads(self._reqs))
+
+    async def wait_output(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for a choice to have output to take (or to end); False
+        when the time ran out. Cancel-safe, unlike a timeout around ``__anext__``, which
+        would end the stream (and abort the request)."""
+        cells = [cell_of(r) for i, r in enumerate(self._reqs) if i not in self._ended]
+        if not cells:
+            return True  # the stream is at its end
+        with anyio.move_on_after(timeout_s):
+            while not any(c.ready() for c in cells):
+                await cells[0].signal.wait()
+            return True
+        return False
 
     def __aiter__(self) -> RequestStream:
         return self
 
     async def __anext__(self) -> Delta:
-        return await self._gen.__anext__()
+        delta = await self._gen.__anext__()
+        if delta.finish_reason is not None:
+            self._ended.add(delta.index)
+        return delta
 
     async def aclose(self) -> None:
         """Abort the request if unfinished (at once, started or not) and close the stream."""

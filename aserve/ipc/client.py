@@ -39,6 +39,7 @@ from aserve.outputs import CompletionResult, TokenLogprob
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.req import Req
 from aserve.stats import EngineStats
+from aserve.sync import Signal
 from aserve.tokenizer.tokenizer import Tokenizer
 
 log = get_logger("aserve.front_end")
@@ -189,6 +190,50 @@ class EngineClient:
         await self._wait_admitted(reqs[0].group_id)
         return await collect_result(reqs, self._tokenizer, self.abort)
 
+    def open_streams(
+        self, prompts: Sequence[Prompt], params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> RequestStream:
+        """``Engine.open_streams``: several prompts as one stream, one request each in the core."""
+        reqs = self._submit_many(prompts, params or SamplingParams(), request_id, whole=False)
+        rids = list(dict.fromkeys(r.group_id for r in reqs))
+        return RequestStream(reqs, self._tokenizer, self.abort, admitted=lambda: self._wait_all_admitted(rids))
+
+    async def complete_many(
+        self, prompts: Sequence[Prompt], params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> CompletionResult:
+        reqs = self._submit_many(prompts, params or SamplingParams(), request_id, whole=True)
+        try:
+            await self._wait_all_admitted(list(dict.fromkeys(r.group_id for r in reqs)))
+        except BaseException:
+            for r in reqs:
+                self.abort(r)
+            raise
+        return await collect_result(reqs, self._tokenizer, self.abort)
+
+    async def _wait_all_admitted(self, rids: list[str]) -> None:
+        for rid in rids:
+            await self._wait_admitted(rid)
+
+    def _submit_many(
+        self, prompts: Sequence[Prompt], params: SamplingParams, request_id: str | None, *, whole: bool
+    ) -> list[Req]:
+        if len(prompts) == 1:
+            return self._submit(prompts[0], params, request_id, whole=whole)
+        if not prompts:
+            raise errors.InvalidRequestError("no prompts given", param="prompt")
+        if self._admission is None:
+            raise EngineClosedError("the front end is not connected to the engine core; no requests are accepted")
+        signal = Signal()  # one consumer for all of them
+        wake = 0 if whole else self._admission.limits.stream_interval
+        # Every prompt is validated before any is sent.
+        groups = [
+            self._make(p, params, None if request_id is None else f"{request_id}-{k}", whole, signal, wake)
+            for k, p in enumerate(prompts)
+        ]
+        for reqs in groups:
+            self._send_add(reqs, params)
+        return [r for reqs in groups for r in reqs]
+
     async def flush_cache(self) -> int:
         return int(await self._query("flush_cache"))
 
@@ -210,17 +255,33 @@ class EngineClient:
     # -- requests --------------------------------------------------------------------
 
     def _submit(self, prompt: Prompt, params: SamplingParams, request_id: str | None, *, whole: bool) -> list[Req]:
+        reqs = self._make(prompt, params, request_id, whole)
+        self._send_add(reqs, params)
+        return reqs
+
+    def _make(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        request_id: str | None,
+        whole: bool,
+        signal: Signal | None = None,
+        wake_every: int | None = None,
+    ) -> list[Req]:
         if self.broken is not None:
             raise EngineClosedError(f"the engine core is unavailable: {self.broken}")
         if self._closed or self._outbox is None or self._admission is None:
             raise EngineClosedError("the front end is not connected to the engine core; no requests are accepted")
         # The core owns the waiting queue and answers EngineOverloadedError itself.
-        reqs = self._admission.make_requests(prompt, params, request_id, waiting=0, whole=whole)
+        return self._admission.make_requests(
+            prompt, params, request_id, waiting=0, whole=whole, signal=signal, wake_every=wake_every
+        )
+
+    def _send_add(self, reqs: list[Req], params: SamplingParams) -> None:
         rid = reqs[0].group_id
         self.live[rid] = reqs
         self._admitted[rid] = anyio.Event()
         self._post(m.Add(rid, list(reqs[0].prompt_ids), params, [r.seed for r in reqs]))
-        return reqs
 
     async def _wait_admitted(self, rid: str) -> None:
         event = self._admitted.get(rid)
@@ -344,6 +405,11 @@ class EngineClient:
             if cell is None or req.finished:
                 continue
             req.cached_prompt_tokens = item.cached_tokens
+            if item.prompt_logprobs is not None:
+                cell.prompt_logprobs = [
+                    None if p is None else TokenLogprob(p[0], p[1], tuple((t, v) for t, v in p[2]))
+                    for p in item.prompt_logprobs
+                ]
             if item.token_ids and req.first_token_time is None:
                 req.first_token_time = now
             lps = item.logprobs

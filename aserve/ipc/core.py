@@ -217,6 +217,9 @@ def _take(rid: str, req: Req) -> m.Output | None:
     if not ids and not finished:
         return None
     error = cell.error
+    prompt_lps = None
+    if ids and cell.pushed == len(ids) and cell.prompt_logprobs is not None:  # the choice's first tokens
+        prompt_lps = [None if lp is None else (lp.token_id, lp.logprob, list(lp.top)) for lp in cell.prompt_logprobs]
     return m.Output(
         rid=rid,
         index=req.index,
@@ -226,6 +229,7 @@ def _take(rid: str, req: Req) -> m.Output | None:
         text_limit=cell.text_limit if finished else None,
         logprobs=[(lp.token_id, lp.logprob, list(lp.top)) for lp in lps] if req.params.logprobs is not None else None,
         cached_tokens=req.cached_prompt_tokens,
+        prompt_logprobs=prompt_lps,
         error=None if error is None else type(error).__name__,
         error_message=None if error is None else str(error),
     )

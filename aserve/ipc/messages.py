@@ -70,6 +70,8 @@ class Output(msgspec.Struct, array_like=True):
     text_limit: int | None = None  # where the final text ends (a stop string was found)
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
     cached_tokens: int = 0
+    # On a choice's first tokens, with SamplingParams.prompt_logprobs: None for the first prompt token.
+    prompt_logprobs: list[tuple[int, float, list[tuple[int, float]]] | None] | None = None
     error: str | None = None  # the request failed: an aserve.errors class name ...
     error_message: str | None = None  # ... and its message
 

@@ -55,6 +55,20 @@ class SampleOutput:
     logprobs: Tensor | None  # [B] float32, chosen token's logprob under the raw distribution
     top_ids: Tensor | None  # [B, K] int64, K = num_logprobs (may be 0), descending
     top_logprobs: Tensor | None  # [B, K] float32
+    # Prompt logprobs of the step's prefill positions that asked for them (E rows in all).
+    prompt_logprobs: Tensor | None = None  # [E] float32, the next prompt token's logprob
+    prompt_top_ids: Tensor | None = None  # [E, K] int64
+    prompt_top_logprobs: Tensor | None = None  # [E, K] float32
+
+
+def prompt_logprobs(logits: Tensor, targets: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """logits: [E, V] float32 at prompt positions; targets: [E] the prompt token that follows
+    each. Returns the targets' logprobs [E] and the top ``k`` (ids [E, k], logprobs [E, k])
+    under the raw distribution."""
+    lsm = torch.log_softmax(logits, dim=-1)
+    chosen = lsm.gather(1, targets[:, None])[:, 0]
+    top = lsm.topk(k, dim=-1)
+    return chosen, top.indices, top.values
 
 
 def apply_penalties(

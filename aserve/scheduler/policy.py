@@ -95,6 +95,11 @@ class Blocked(Enum):
     DRAIN = "drain"  # KV is short: commit everything in flight, then plan again
 
 
+# Prefill tokens per step of a request that wants prompt logprobs: each one's logits row
+# ([vocab] float32, 1 MiB for Gemma 3's 262k vocabulary) lives until the step ends.
+PROMPT_LOGPROBS_CHUNK = 128
+
+
 class Scheduler:
     def __init__(self, pool: KVAllocator, config: SchedulerConfig) -> None:
         self.pool = pool
@@ -309,6 +314,8 @@ class Scheduler:
         assert r.row is not None
         start = r.num_computed
         n = min(len(r.fill_ids) - start, budget)
+        if r.wants_prompt_logprobs:
+            n = min(n, PROMPT_LOGPROBS_CHUNK)
         need = self.pool.pages_needed(len(r.pages), start + n)
         if not self._room_for(need + reserve_pages):
             # Shrink the chunk to what fits (chunked prefill makes progress anyway).

@@ -41,8 +41,8 @@ class PrefixCache:
 
     def match_on_admit(self, req: Req) -> list[int]:
         """Point a newly admitted request at its cached prefix; returns the matched slots."""
-        if not self.enabled:
-            return []
+        if not self.enabled or req.wants_prompt_logprobs:
+            return []  # (vLLM skips the cache for prompt logprobs too)
         # The last prompt token is always computed: its logits give the first output.
         probe = req.fill_ids[: len(req.fill_ids) - 1]
         m = self.tree.match(probe)

@@ -37,6 +37,9 @@ class Req:
     # -- committed --
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # With params.prompt_logprobs: entry k is prompt token k's (None for k = 0), appended as
+    # prefill chunks commit; complete when it is as long as the prompt.
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None
     first_token_time: float | None = None
@@ -71,6 +74,12 @@ class Req:
     @property
     def prefill_done(self) -> bool:
         return self.num_computed >= len(self.fill_ids)
+
+    @property
+    def wants_prompt_logprobs(self) -> bool:
+        """Prompt logprobs asked for and not all committed yet: its prefill needs the logits
+        of every prompt position, which a cached prefix does not have."""
+        return self.params.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_ids)
 
     @property
     def lookahead(self) -> int:
