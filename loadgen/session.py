@@ -56,10 +56,10 @@ class WorkloadSpec:
 
 def load_tokenizer(name: str) -> TokenizerLike:
     from aserve.models.loader import resolve_model_path
-    from aserve.tokenizer.tokenizer import Tokenizer
+    from aserve.tokenizer.tokenizer import load_tokenizer as load
 
     path = resolve_model_path(name) if not Path(name).exists() or name.endswith(".gguf") else Path(name)
-    tok: TokenizerLike = Tokenizer.from_gguf(path) if str(path).endswith(".gguf") else Tokenizer.from_hf_dir(path)
+    tok: TokenizerLike = load(path)
     return tok
 
 

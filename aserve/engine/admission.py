@@ -92,6 +92,11 @@ class Admission:
                 raise InvalidRequestError(
                     f"logit_bias token ids must be in [0, {vocab}); got {outside[:5]}", param="logit_bias"
                 )
+        outside = [t for t in params.stop_token_ids if t >= lim.vocab_size]
+        if outside:
+            raise InvalidRequestError(
+                f"stop_token_ids must be in [0, {lim.vocab_size}); got {outside[:5]}", param="stop_token_ids"
+            )
         ctx = lim.max_context
         if len(ids) >= ctx:
             raise ContextLengthError(

@@ -32,6 +32,11 @@ log = get_logger("aserve.server")
 _GENERATE_PATHS = {"/v1/completions": "completions", "/v1/chat/completions": "chat"}
 
 
+def _needs_key(path: str) -> bool:
+    """Paths behind ``--api-key``: the API, the admin routes, and (un)tokenizing."""
+    return path.startswith(("/v1/", "/admin/")) or path in ("/tokenize", "/detokenize")
+
+
 class RequestContext:
     """Request id, structured access log, Bearer auth for /v1, and request outcome counts."""
 
@@ -63,7 +68,7 @@ class RequestContext:
 
         with structlog.contextvars.bound_contextvars(request_id=rid):
             try:
-                if path.startswith(("/v1/", "/admin/")) and not self._authorized(Headers(scope=scope)):
+                if _needs_key(path) and not self._authorized(Headers(scope=scope)):
                     resp = error_response(401, "invalid or missing API key", "authentication_error")
                     resp.headers["WWW-Authenticate"] = "Bearer"
                     await resp(scope, receive, send_with_id)

@@ -31,6 +31,9 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="largest accepted request body (413 beyond; default: %(default)s)")  # fmt: skip
     p.add_argument("--body-timeout", type=float, default=BodyLimits.timeout_s,
                    help="seconds a request body may take to arrive (408 beyond; default: %(default)s)")  # fmt: skip
+    p.add_argument("--sse-keepalive", type=_positive_seconds, default=BodyLimits.sse_keepalive_s,
+                   help="seconds an SSE stream may stay silent before a ': keep-alive' comment line "
+                   "(default: %(default)s)")  # fmt: skip
     p.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -47,6 +50,13 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     add_engine_args(p)
     p.set_defaults(handler=run_serve)
     return p
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -71,7 +81,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "port": args.port,
         "api_key": api_key,
         "served_model_name": args.served_model_name or config.model,
-        "body": BodyLimits(args.max_body_bytes, args.body_timeout),
+        "body": BodyLimits(args.max_body_bytes, args.body_timeout, args.sse_keepalive),
         "shutdown_timeout": args.shutdown_timeout,
         "sockets": sockets,
     }

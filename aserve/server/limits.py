@@ -9,10 +9,15 @@ from dataclasses import dataclass
 class BodyLimits:
     """What a request body may cost: its size (413 beyond) and how long it may take to
     arrive (408 beyond: a client that sends headers and part of a body, then waits, would
-    otherwise hold its connection and request task for as long as it likes)."""
+    otherwise hold its connection and request task for as long as it likes).
+
+    ``sse_keepalive_s`` rides along (it travels to every front end the same way): the
+    longest an SSE stream stays silent before a ``: keep-alive`` comment line, so proxies
+    with an idle timeout do not cut a stream that waits in the queue or between tokens."""
 
     max_bytes: int = 1 << 20
     timeout_s: float = 30.0
+    sse_keepalive_s: float = 5.0
 
 
 DEFAULT_BODY_LIMITS = BodyLimits()

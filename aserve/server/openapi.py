@@ -12,8 +12,13 @@ from aserve.server.protocol import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ErrorResponse,
     ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
 )
 
 _REF = "#/components/schemas/{model}"
@@ -47,6 +52,19 @@ def _generate_op(summary: str, request: type[BaseModel], response: type[BaseMode
     }
 
 
+def _json_op(summary: str, request: dict[str, Any], response: type[BaseModel]) -> dict[str, Any]:
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {"required": True, "content": {"application/json": {"schema": request}}},
+            "responses": {
+                "200": {"description": "ok", "content": {"application/json": {"schema": _ref(response)}}},
+                **_errors(400, 401, 404, 413, 422, 503),
+            },
+        }
+    }
+
+
 def openapi_document(title: str, version: str, *, bearer_auth: bool) -> dict[str, Any]:
     models: list[tuple[type[BaseModel], JsonSchemaMode]] = [
         (CompletionRequest, "validation"),
@@ -55,6 +73,11 @@ def openapi_document(title: str, version: str, *, bearer_auth: bool) -> dict[str
         (ChatCompletionResponse, "serialization"),
         (ModelList, "serialization"),
         (ErrorResponse, "serialization"),
+        (TokenizeCompletionRequest, "validation"),
+        (TokenizeChatRequest, "validation"),
+        (TokenizeResponse, "serialization"),
+        (DetokenizeRequest, "validation"),
+        (DetokenizeResponse, "serialization"),
     ]
     _, defs = models_json_schema(models, ref_template=_REF)
     plain = {"200": {"description": "ok"}}
@@ -82,13 +105,40 @@ def openapi_document(title: str, version: str, *, bearer_auth: bool) -> dict[str
                 }
             },
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": plain}},
+            "/openapi.json": {"get": {"summary": "This document", "responses": plain}},
+            "/admin/flush_cache": {
+                "post": {
+                    "summary": "Drop the prefix cache (only while no request runs)",
+                    "responses": {
+                        "200": {
+                            "description": "the tokens freed",
+                            "content": {
+                                "application/json": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {"flushed_tokens": {"type": "integer"}},
+                                        "required": ["flushed_tokens"],
+                                    }
+                                }
+                            },
+                        },
+                        **_errors(401, 409, 503),
+                    },
+                }
+            },
+            "/tokenize": _json_op(
+                "Token ids of a text or of chat messages (vLLM's shapes)",
+                {"oneOf": [_ref(TokenizeCompletionRequest), _ref(TokenizeChatRequest)]},
+                TokenizeResponse,
+            ),
+            "/detokenize": _json_op("Text of token ids (vLLM's shapes)", _ref(DetokenizeRequest), DetokenizeResponse),
         },
         "components": {"schemas": defs.get("$defs", {})},
     }
     if bearer_auth:
         doc["components"]["securitySchemes"] = {"bearerAuth": {"type": "http", "scheme": "bearer"}}
         for path, ops in doc["paths"].items():
-            if path.startswith("/v1/"):
+            if path.startswith(("/v1/", "/admin/")) or path in ("/tokenize", "/detokenize"):
                 for op in ops.values():
                     op["security"] = [{"bearerAuth": []}]
     return doc

@@ -1,15 +1,18 @@
 """OpenAI-compatible request and response models (pydantic), and their mapping to SamplingParams.
 
-Field names follow the OpenAI API so that unmodified clients work. Unknown fields are
-ignored, as OpenAI does, so newer client libraries that send extra options keep working.
+Field names follow the OpenAI API so that unmodified clients work. A field a client sends
+is either honoured or refused: every OpenAI field aserve does not implement answers 400 naming
+it (unless it carries OpenAI's default, which changes nothing), and so does any other unknown
+field that is not one of aserve's documented extensions (vLLM's names; :data:`EXTENSIONS`).
 Range checks live in :class:`aserve.SamplingParams`, the one place that knows the engine's
 limits; the models here only check shapes and types.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
@@ -38,8 +41,53 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+class _Strict(_Request):
+    """A top-level request body: fields it does not declare are refused, not ignored."""
+
+    # OpenAI's fields that aserve does not implement: accepted only at a value that means
+    # "off" (OpenAI's default), refused with 400 naming the field otherwise.
+    _unimplemented: ClassVar[dict[str, tuple[Any, ...]]] = {}
+    _passes_through: ClassVar[bool] = False  # PASSED_THROUGH fields are accepted as they are
+
+    @classmethod
+    def parse(cls, body: Any) -> Self:
+        """Validate a request body: unknown and unimplemented fields are a 400 naming the field
+        (checked before pydantic, whose errors are 422 and would swallow our typed error)."""
+        if isinstance(body, dict):
+            cls._check_fields(body)
+        return cls.model_validate(body)
+
+    @classmethod
+    def _check_fields(cls, body: dict[str, Any]) -> None:
+        for name, value in body.items():
+            if name in cls.model_fields:
+                continue
+            if cls._passes_through and name in PASSED_THROUGH:
+                continue
+            if name.startswith("guided_"):
+                raise InvalidRequestError(
+                    f"{name} is vLLM's older spelling; aserve takes structured_outputs "
+                    "(json, json_object, regex, choice or grammar) or response_format",
+                    param=name,
+                )
+            allowed = cls._unimplemented.get(name)
+            if allowed is not None:
+                if not any(value == ok and type(value) is type(ok) for ok in allowed):
+                    raise InvalidRequestError(
+                        f"{name} is not supported by this server (only {_defaults(allowed)} is accepted); leave it out",
+                        param=name,
+                    )
+                continue
+            extensions = sorted(EXTENSIONS & cls.model_fields.keys())
+            also = f" and aserve's extensions ({', '.join(extensions)})" if extensions else ""
+            raise InvalidRequestError(f"unknown field `{name}`; this endpoint takes OpenAI's fields{also}", param=name)
+
+
 class StreamOptions(_Request):
     include_usage: StrictBool | None = False
+    # Random padding OpenAI may add to each chunk against size side channels; aserve adds
+    # none, which changes no content a client reads.
+    include_obfuscation: StrictBool | None = None
 
 
 class JsonSchemaFormat(_Request):
@@ -68,8 +116,15 @@ class StructuredOutputsField(_Request):
     json_object: StrictBool | None = None
 
 
-class _SamplingFields(_Request):
+class _SamplingFields(_Strict):
     """Options shared by completions and chat completions."""
+
+    _passes_through: ClassVar[bool] = True
+    _unimplemented: ClassVar[dict[str, tuple[Any, ...]]] = {
+        "service_tier": (None, "auto", "default"),
+        "store": (None, False),
+        "metadata": (None, {}),
+    }
 
     model: str
     max_tokens: StrictInt | None = _documented(minimum=1)
@@ -88,15 +143,23 @@ class _SamplingFields(_Request):
     ignore_eos: StrictBool | None = False
     logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     min_tokens: StrictInt | None = _documented(minimum=0)  # vLLM's extension: no stop before this many
+    stop_token_ids: TokenIds | None = None  # vLLM's: end on these ids (kept in the output ids)
+    include_stop_str_in_output: StrictBool | None = False  # vLLM's: keep the matched stop string
+    skip_special_tokens: StrictBool | None = True  # vLLM's: leave special tokens out of the text
+    # Identify the end user or a cache key; they change nothing in the output, so they are accepted.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None  # vLLM's extension
     user: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
-    def _params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def _params(
+        self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
+    ) -> SamplingParams:
         stop: tuple[str, ...]
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
@@ -115,6 +178,10 @@ class _SamplingFields(_Request):
             n=self.n,
             logit_bias=_token_bias(self.logit_bias),
             min_tokens=self.min_tokens or 0,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            include_stop_str_in_output=bool(self.include_stop_str_in_output),
+            skip_special_tokens=self.skip_special_tokens is not False,
+            prompt_logprobs=prompt_logprobs,
             structured_outputs=self._structured(),
         )
 
@@ -140,6 +207,22 @@ class _SamplingFields(_Request):
         return StructuredOutputs(json=fmt.json_schema.schema_)
 
 
+def _defaults(allowed: tuple[Any, ...]) -> str:
+    return " or ".join("null" if v is None else json.dumps(v) for v in allowed)
+
+
+# Fields another part of aserve owns (tool calls): accepted as they are.
+PASSED_THROUGH = frozenset({"tools", "tool_choice"})
+
+# aserve's documented extensions to OpenAI's request schemas (vLLM's names and meanings).
+EXTENSIONS = frozenset(
+    {
+        "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
+        "include_stop_str_in_output", "skip_special_tokens", "structured_outputs",
+    }
+)  # fmt: skip
+
+
 def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     """OpenAI's ``logit_bias`` (keys are token ids written as strings) as (id, bias) pairs."""
     pairs = []
@@ -153,13 +236,24 @@ def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
 
 
 class CompletionRequest(_SamplingFields):
-    # One prompt per request: a string or token ids. A one-element list of either is unwrapped.
+    # A string, token ids, or a list of either (one choice per prompt, times n).
     prompt: str | TokenIds | list[str] | list[TokenIds]
     logprobs: StrictInt | None = _documented(minimum=0, maximum=20)
     echo: StrictBool | None = False
+    best_of: StrictInt | None = None  # only best_of == n (OpenAI's default: 1) is accepted
+    suffix: str | None = None  # only null or "" is accepted
 
     def sampling_params(self) -> SamplingParams:
-        return self._params(self.max_tokens, self.logprobs)
+        if self.best_of is not None and self.best_of != self.n:
+            raise InvalidRequestError(
+                f"best_of={self.best_of} is not supported (only best_of == n, here {self.n}); leave it out",
+                param="best_of",
+            )
+        if self.suffix:
+            raise InvalidRequestError("suffix is not supported; leave it out", param="suffix")
+        # echo with logprobs reports the prompt's tokens too (the first has none).
+        prompt_logprobs = self.logprobs if self.echo and self.logprobs is not None else None
+        return self._params(self.max_tokens, self.logprobs, prompt_logprobs)
 
 
 class ContentPart(_Request):
@@ -179,6 +273,25 @@ class ChatCompletionRequest(_SamplingFields):
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = _documented(minimum=0, maximum=20)
 
+    _unimplemented: ClassVar[dict[str, tuple[Any, ...]]] = {
+        **_SamplingFields._unimplemented,
+        "audio": (None,),
+        "modalities": (None, ["text"]),
+        "prediction": (None,),
+        "web_search_options": (None,),
+        "functions": (None,),
+        "function_call": (None, "none"),
+        "reasoning_effort": (None,),
+        "verbosity": (None,),
+    }
+
+    @classmethod
+    def _check_fields(cls, body: dict[str, Any]) -> None:
+        if body.get("parallel_tool_calls") is not None and body.get("tools") is None:
+            # OpenAI refuses it without tools too; with tools, it belongs to tool calling.
+            raise InvalidRequestError("parallel_tool_calls is only allowed with tools", param="parallel_tool_calls")
+        super()._check_fields({k: v for k, v in body.items() if k != "parallel_tool_calls"})
+
     def sampling_params(self) -> SamplingParams:
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         top = self.top_logprobs
@@ -190,6 +303,30 @@ class ChatCompletionRequest(_SamplingFields):
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
+
+
+class TokenizeCompletionRequest(_Strict):
+    """vLLM's ``/tokenize`` of a text."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: StrictBool = True
+    return_token_strs: StrictBool | None = False
+
+
+class TokenizeChatRequest(_Strict):
+    """vLLM's ``/tokenize`` of chat messages, laid out as ``/v1/chat/completions`` does."""
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: StrictBool = True
+    add_special_tokens: StrictBool = False  # the chat layout already starts with BOS
+    return_token_strs: StrictBool | None = False
+
+
+class DetokenizeRequest(_Strict):
+    model: str | None = None
+    tokens: TokenIds
 
 
 # -- responses -------------------------------------------------------------------------------
@@ -212,8 +349,9 @@ class UsageInfo(BaseModel):
 
 class CompletionLogprobs(BaseModel):
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    # None for the first prompt token under echo (nothing precedes it), as OpenAI and vLLM do.
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 
@@ -287,6 +425,17 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+    token_strs: list[str] | None = None
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
 
 
 class ModelCard(BaseModel):

@@ -6,6 +6,7 @@ import inspect
 import json
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
@@ -21,7 +22,7 @@ from aserve.errors import ContextLengthError, InvalidRequestError
 from aserve.ipc.client import EngineClient
 from aserve.outputs import Delta, Usage
 from aserve.sampling_params import SamplingParams
-from aserve.server.errors import APIError
+from aserve.server.errors import RETRY_AFTER_S, APIError
 from aserve.server.limits import BodyLimits
 from aserve.server.openapi import openapi_document
 from aserve.server.protocol import (
@@ -32,10 +33,23 @@ from aserve.server.protocol import (
     CompletionRequest,
     CompletionResponse,
     DeltaMessage,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+    TokenizeResponse,
 )
-from aserve.server.render import chat_logprobs, chat_response, completion_logprobs, completion_response, usage_info
+from aserve.server.render import (
+    Echo,
+    chat_logprobs,
+    chat_response,
+    completion_logprobs,
+    completion_response,
+    echo_logprobs,
+    usage_info,
+)
 from aserve.server.sse import SSEResponse, stream_events
 from aserve.server.state import ServerState
 from aserve.tokenizer.chat import apply_chat_template
@@ -136,21 +150,47 @@ def _check_length(engine: Engine | EngineClient, prompt_len: int, requested: int
         )
 
 
-def _completion_prompt(tok: Tokenizer, prompt: str | list[Any]) -> list[int]:
+# One request's prompts times n: each is a request in the engine, so bound the fan-out.
+MAX_CHOICES = 128
+
+
+@dataclass(frozen=True)
+class _Prompt:
+    ids: list[int]
+    text: str | None  # what `echo` repeats: the prompt as sent; None: decode the ids (once admitted)
+
+
+def _completion_prompts(tok: Tokenizer, prompt: str | list[Any]) -> list[_Prompt]:
+    """OpenAI's ``prompt``: a string, token ids, or a non-empty list of either."""
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise InvalidRequestError("send one prompt per request (batched prompts are not supported)", param="prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, str):
-        if not prompt:
-            raise InvalidRequestError("prompt is empty", param="prompt")
-        return tok.encode(prompt, add_special_tokens=True)  # what the engine does for a str prompt
-    return list(prompt)
+        items: list[str | list[int]] = prompt
+    elif isinstance(prompt, list) and not prompt:
+        raise InvalidRequestError("prompt is empty", param="prompt")
+    else:
+        items = [prompt]
+    out = []
+    for k, item in enumerate(items):
+        where = "prompt" if len(items) == 1 else f"prompt.{k}"
+        if isinstance(item, str):
+            if not item:
+                raise InvalidRequestError(f"{where} is empty", param=where)
+            # What the engine does for a str prompt: BOS is added.
+            out.append(_Prompt(tok.encode(item, add_special_tokens=True), item))
+        else:
+            if not item:
+                raise InvalidRequestError(f"{where} is empty", param=where)
+            out.append(_Prompt(list(item), None))  # admission checks the ids against the vocabulary
+    return out
+
+
+def _echo(tok: Tokenizer, prompts: list[_Prompt], n: int) -> Echo:
+    texts = [p.text if p.text is not None else tok.decode(p.ids, skip_special_tokens=False) for p in prompts]
+    return Echo(texts, [p.ids for p in prompts], n)
 
 
 class _CompletionChunks:
-    def __init__(self, tok: Tokenizer, rid: str, model: str, want_logprobs: bool) -> None:
-        self.tok, self.rid, self.model, self.want_logprobs = tok, rid, model, want_logprobs
+    def __init__(self, tok: Tokenizer, rid: str, model: str, want_logprobs: bool, echo: Echo | None = None) -> None:
+        self.tok, self.rid, self.model, self.want_logprobs, self.echo = tok, rid, model, want_logprobs, echo
         self.offsets: dict[int, int] = {}
 
     def opening(self) -> list[BaseModel]:
@@ -158,10 +198,19 @@ class _CompletionChunks:
 
     def delta(self, d: Delta) -> BaseModel:
         lps = None
+        text = d.text
+        first = d.index not in self.offsets
         if self.want_logprobs:
-            lps = completion_logprobs(self.tok, d.logprobs or (), self.offsets.get(d.index, 0))
+            head = None
+            if first and self.echo is not None:
+                head = echo_logprobs(self.tok, self.echo.prompt_ids(d.index), d.prompt_logprobs)
+            lps = completion_logprobs(self.tok, d.logprobs or (), self.offsets.get(d.index, 0), head)
             self.offsets[d.index] = lps.text_offset[-1] + len(lps.tokens[-1]) if lps.tokens else 0
-        choice = CompletionChoice(index=d.index, text=d.text, logprobs=lps, finish_reason=d.finish_reason)
+        else:
+            self.offsets.setdefault(d.index, 0)
+        if first and self.echo is not None:
+            text = self.echo.text(d.index) + text
+        choice = CompletionChoice(index=d.index, text=text, logprobs=lps, finish_reason=d.finish_reason)
         return CompletionResponse(id=self.rid, model=self.model, choices=[choice])
 
     def usage(self, usage: Usage) -> BaseModel:
@@ -192,7 +241,10 @@ class _ChatChunks:
 
 
 async def _generate(
-    request: Request, endpoint: str, req: CompletionRequest | ChatCompletionRequest, prompt_of: Any
+    request: Request,
+    endpoint: str,
+    req: CompletionRequest | ChatCompletionRequest,
+    prompts_of: Callable[[Tokenizer], list[_Prompt]],
 ) -> Response:
     server = _server(request)
     _check_model(server, req.model)
@@ -202,45 +254,58 @@ async def _generate(
     try:
         tok = engine.tokenizer
         params: SamplingParams = req.sampling_params()
-        if isinstance(req, CompletionRequest) and req.echo:
-            raise InvalidRequestError("echo is not supported", param="echo")
-        ids: list[int] = prompt_of(tok)
+        prompts = prompts_of(tok)
+        if len(prompts) * params.n > MAX_CHOICES:
+            raise InvalidRequestError(
+                f"{len(prompts)} prompts times n={params.n} is {len(prompts) * params.n} choices; "
+                f"the limit is {MAX_CHOICES} per request",
+                param="prompt",
+            )
         requested = req.max_completion_tokens if isinstance(req, ChatCompletionRequest) else None
-        _check_length(engine, len(ids), requested if requested is not None else req.max_tokens)
+        for p in prompts:
+            _check_length(engine, len(p.ids), requested if requested is not None else req.max_tokens)
+        prompt_tokens = sum(len(p.ids) for p in prompts)
+        echoes = isinstance(req, CompletionRequest) and bool(req.echo)
         prefix = "chatcmpl-" if endpoint == "chat" else "cmpl-"
         rid = prefix + request.state.request_id
         want_lps = params.logprobs is not None
+        ids = [p.ids for p in prompts]
         if req.stream:
             # Validates and submits synchronously: admission errors (context, queue full)
             # still get a real status, and the response starts at once.
-            gen = engine.open_stream(ids, params, request_id=rid)
+            gen = engine.open_streams(ids, params, request_id=rid)
             await gen.admitted()  # an engine core in another process answers over IPC
-            timer.admitted(len(ids))
+            timer.admitted(prompt_tokens)
+            echo = _echo(tok, prompts, params.n) if echoes else None
             maker = (
                 _ChatChunks(tok, rid, req.model, params.n, want_lps)
                 if endpoint == "chat"
-                else _CompletionChunks(tok, rid, req.model, want_lps)
+                else _CompletionChunks(tok, rid, req.model, want_lps, echo)
             )
             body = stream_events(
-                None, gen, maker, prompt_tokens=len(ids), include_usage=req.include_usage, timer=timer,
-                cached_tokens=lambda: gen.cached_tokens,
+                gen, maker, prompt_tokens=prompt_tokens, include_usage=req.include_usage, timer=timer,
+                cached_tokens=lambda: gen.cached_tokens, keepalive_s=server.settings.body.sse_keepalive_s,
             )  # fmt: skip
             handed_off = True
             return SSEResponse(body, gen, server.release)
         results = await _while_connected(
-            request, lambda: engine.complete(ids, params, request_id=rid), f"complete[{rid}]"
+            request, lambda: engine.complete_many(ids, params, request_id=rid), f"complete[{rid}]"
         )
         if not results:
             timer.finish("abort")
             return Response(status_code=499)  # nobody is left to read it; keeps the access log honest
         result = results[0]
-        timer.admitted(len(ids))
+        timer.admitted(prompt_tokens)
         if any(o.finish_reason == "abort" for o in result.outputs):
             raise APIError(503, "the server is shutting down; request aborted", "request_aborted")
         timer.observe_result(result.metrics, result.usage.completion_tokens)
         timer.finish("success")
-        render = chat_response if endpoint == "chat" else completion_response
-        return JSONResponse(render(tok, rid, req.model, result, want_lps).model_dump(mode="json"))
+        if endpoint == "chat":
+            doc: BaseModel = chat_response(tok, rid, req.model, result, want_lps)
+        else:
+            echo = _echo(tok, prompts, params.n) if echoes else None
+            doc = completion_response(tok, rid, req.model, result, want_lps, echo)
+        return JSONResponse(doc.model_dump(mode="json"))
     finally:
         if not handed_off:
             # Rejections and failures are counted by status in the middleware.
@@ -275,18 +340,60 @@ async def _while_connected(request: Request, work: Callable[[], Awaitable[T]], n
 
 
 async def completions(request: Request) -> Response:
-    req = CompletionRequest.model_validate(await _read_json(request, _server(request).settings.body))
-    return await _generate(request, "completions", req, lambda tok: _completion_prompt(tok, req.prompt))
+    req = CompletionRequest.parse(await _read_json(request, _server(request).settings.body))
+    return await _generate(request, "completions", req, lambda tok: _completion_prompts(tok, req.prompt))
 
 
 async def chat_completions(request: Request) -> Response:
-    req = ChatCompletionRequest.model_validate(await _read_json(request, _server(request).settings.body))
+    req = ChatCompletionRequest.parse(await _read_json(request, _server(request).settings.body))
 
-    def prompt_of(tok: Tokenizer) -> list[int]:
+    def prompts_of(tok: Tokenizer) -> list[_Prompt]:
         # The template already starts with BOS; encoding must not add a second one.
-        return tok.encode(apply_chat_template(tok, req.message_dicts()), add_special_tokens=False)
+        text = apply_chat_template(tok, req.message_dicts())
+        return [_Prompt(tok.encode(text, add_special_tokens=False), text)]
 
-    return await _generate(request, "chat", req, prompt_of)
+    return await _generate(request, "chat", req, prompts_of)
+
+
+def _ready_engine(server: ServerState) -> Engine | EngineClient:
+    if not server.ready or server.engine is None:
+        raise APIError(503, "the engine is not ready", "engine_closed", headers={"Retry-After": RETRY_AFTER_S})
+    return server.engine
+
+
+async def tokenize(request: Request) -> Response:
+    """vLLM's ``/tokenize``: a text (``prompt``) or chat ``messages`` to token ids."""
+    server = _server(request)
+    body = await _read_json(request, server.settings.body)
+    form = TokenizeChatRequest if isinstance(body, dict) and "messages" in body else TokenizeCompletionRequest
+    req = form.parse(body)
+    if req.model is not None:
+        _check_model(server, req.model)
+    engine = _ready_engine(server)
+    tok = engine.tokenizer
+    if isinstance(req, TokenizeChatRequest):
+        text = apply_chat_template(
+            tok, [m.model_dump(exclude_none=True) for m in req.messages], req.add_generation_prompt
+        )
+    else:
+        text = req.prompt
+    ids = tok.encode(text, add_special_tokens=req.add_special_tokens)
+    strs = [tok.id_to_piece(t) for t in ids] if req.return_token_strs else None
+    doc = TokenizeResponse(count=len(ids), max_model_len=engine.max_context, tokens=ids, token_strs=strs)
+    return JSONResponse(doc.model_dump(mode="json"))
+
+
+async def detokenize(request: Request) -> Response:
+    """vLLM's ``/detokenize``: token ids to text (special tokens kept, as vLLM does)."""
+    server = _server(request)
+    req = DetokenizeRequest.parse(await _read_json(request, server.settings.body))
+    if req.model is not None:
+        _check_model(server, req.model)
+    tok = _ready_engine(server).tokenizer
+    bad = [t for t in req.tokens if t >= tok.vocab_size]
+    if bad:
+        raise InvalidRequestError(f"token ids must be in [0, {tok.vocab_size}); got {bad[:5]}", param="tokens")
+    return JSONResponse(DetokenizeResponse(prompt=tok.decode(req.tokens, skip_special_tokens=False)).model_dump())
 
 
 async def models(request: Request) -> Response:
@@ -341,4 +448,6 @@ def routes() -> list[Route]:
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),
         Route("/admin/flush_cache", flush_cache, methods=["POST"]),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
     ]

@@ -1,4 +1,6 @@
-"""Server-sent events: ``data: {json}\\n\\n`` chunks ending with ``data: [DONE]``.
+"""Server-sent events: ``data: {json}\\n\\n`` chunks ending with ``data: [DONE]``, and a
+``: keep-alive`` comment line whenever the stream has been silent for the keep-alive interval
+(waiting in the queue, or between tokens), so proxies do not cut it; clients skip comments.
 
 Cancellation is the abort path: when Starlette notices the client left it cancels the task
 iterating the body, the engine's generator sees the cancellation at its await and aborts the
@@ -10,7 +12,7 @@ engine request running; ``RequestStream.aclose`` aborts it whether iteration beg
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Protocol
 
 import anyio
@@ -24,6 +26,7 @@ from aserve.server.errors import error_body
 from aserve.server.metrics import RequestTimer
 
 DONE = b"data: [DONE]\n\n"
+KEEPALIVE = b": keep-alive\n\n"
 
 
 def event(payload: BaseModel | dict[str, Any]) -> bytes:
@@ -38,6 +41,14 @@ class Closable(Protocol):
     async def aclose(self) -> None: ...
 
 
+class DeltaStream(Protocol):
+    """What ``stream_events`` reads: the engine's ``RequestStream``."""
+
+    def __anext__(self) -> Awaitable[Delta]: ...
+
+    async def wait_output(self, timeout_s: float) -> bool: ...
+
+
 class ChunkMaker(Protocol):
     """Builds the endpoint-specific chunks (completion vs chat)."""
 
@@ -49,29 +60,27 @@ class ChunkMaker(Protocol):
 
 
 async def stream_events(
-    first: Delta | None,
-    deltas: AsyncIterator[Delta],
+    deltas: DeltaStream,
     maker: ChunkMaker,
     *,
     prompt_tokens: int,
     include_usage: bool,
     timer: RequestTimer,
     cached_tokens: Callable[[], int] = lambda: 0,
+    keepalive_s: float = 5.0,
 ) -> AsyncGenerator[bytes, None]:
     completion_tokens = 0
     outcome = "abort"  # what remains if we are cancelled (the client left)
     try:
         for chunk in maker.opening():
             yield event(chunk)
-        pending = [first] if first is not None else []
         while True:
-            if pending:
-                delta = pending.pop()
-            else:
-                try:
-                    delta = await anext(deltas)
-                except StopAsyncIteration:
-                    break
+            while not await deltas.wait_output(keepalive_s):
+                yield KEEPALIVE
+            try:
+                delta = await deltas.__anext__()
+            except StopAsyncIteration:
+                break
             if delta.finish_reason == "abort":
                 # The engine ended the request under us: the server is shutting down.
                 outcome = "shutdown"

@@ -87,7 +87,7 @@ def parse_sse(raw: str) -> tuple[list[dict[str, Any]], bool]:
     events: list[dict[str, Any]] = []
     done = False
     for block in raw.split("\n\n"):
-        if not block.strip():
+        if not block.strip() or block.startswith(":"):  # a comment (keep-alive): clients skip it
             continue
         assert block.startswith("data: "), block
         assert not done, "event after [DONE]"
