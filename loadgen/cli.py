@@ -1,4 +1,4 @@
-"""``python -m loadgen run | compare | overlap-ab``: argument parsing and orchestration."""
+"""``python -m loadgen run | compare | overlap-ab | soak``: argument parsing and orchestration."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from loadgen import plots, report
 from loadgen.metrics import SLO
 from loadgen.runner import LoadSpec
 from loadgen.session import build_workload, open_target, run_once, save_run
+from loadgen.soak_cmd import add_soak_args
 from loadgen.specs import load_spec, target_spec, workload_spec
 
 
@@ -155,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_args(ab)
     ab.add_argument("--repeats", type=int, default=3)
     ab.add_argument("--server-arg", action="append", default=[], help="extra `aserve serve` argument (repeatable)")
+
+    soak = sub.add_parser(
+        "soak", help="N requests in flight for a duration, mixed endpoints and aborts; server RSS, fds, KV over time"
+    )
+    add_soak_args(soak)
     return parser
 
 
@@ -169,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_fanout(a, argv)
     if a.command == "run":
         return anyio.run(cmd_run, a)
+    if a.command == "soak":
+        from loadgen.soak_cmd import cmd_soak
+
+        return anyio.run(cmd_soak, a, argv)
     if a.command == "compare":
         from loadgen.compare import cmd_compare
 

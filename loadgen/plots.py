@@ -130,6 +130,70 @@ def goodput_vs_rate(points: Sequence[tuple[float, dict[str, Any]]], path: Path) 
     return _save(fig, path)
 
 
+def soak_timeline(timeline: dict[str, Any], path: Path) -> Path:
+    """A soak over time: server RSS, open fds, KV in use, per-window latency and throughput.
+
+    The warm-up and the drain are shaded; dotted lines split the rest into the quarters that
+    the memory check compares.
+    """
+    samples = timeline["samples"]
+    spec = timeline["spec"]
+    t = np.array([s["t"] for s in samples])
+
+    def col(key: str, scale: float = 1.0) -> np.ndarray:
+        return np.array([np.nan if s.get(key) is None else float(s[key]) / scale for s in samples])
+
+    def win(key: str, scale: float = 1.0) -> np.ndarray:
+        return np.array([np.nan if s["window"].get(key) is None else float(s["window"][key]) * scale for s in samples])
+
+    fig, axes = plt.subplots(5, 1, figsize=(11, 13), sharex=True)
+    rss, fds, kv, lat, tput = axes
+    mib = col("rss_bytes", 2**20)
+    rss.plot(t, mib, ".-")
+    rss.set_ylabel("server RSS (MiB)")
+    rss.ticklabel_format(axis="y", useOffset=False, style="plain")
+    if np.isfinite(mib).any():  # at least the allowed growth tall, so noise does not look like a slope
+        lo, hi = float(np.nanmin(mib)), float(np.nanmax(mib))
+        pad = max(0.0, spec["rss_growth_limit_mib"] - (hi - lo)) / 2 + 1.0
+        rss.set_ylim(lo - pad, hi + pad)
+    fds.plot(t, col("fds"), ".-", color="tab:green")
+    fds.set_ylabel("server open fds")
+    kv.plot(t, col("kv_used"), ".-", color="tab:purple", label="KV used (tokens)")
+    kv.set_ylabel("KV used (tokens)")
+    queue = kv.twinx()
+    queue.plot(t, col("running"), "--", color="tab:orange", lw=1, label="running")
+    queue.plot(t, col("waiting"), ":", color="tab:red", lw=1, label="waiting")
+    queue.plot(t, col("in_flight"), "-", color="0.6", lw=1, label="in flight (client)")
+    queue.set_ylabel("requests")
+    queue.legend(fontsize=8, loc="upper right")
+    for key, style in (("ttft_p50_s", "-"), ("ttft_p99_s", "--"), ("e2e_p50_s", "-"), ("e2e_p99_s", "--")):
+        lat.plot(t, win(key, 1000), style, label=key.replace("_s", "").replace("_", " "))
+    lat.set_yscale("log")
+    lat.set_ylabel("latency per window (ms)")
+    lat.legend(fontsize=8, ncol=4)
+    tput.plot(t, win("output_tok_per_s"), ".-", label="completed output tok/s")
+    tput.set_ylabel("output tok/s")
+    counts = tput.twinx()
+    counts.bar(t, win("aborted"), width=spec["sample_interval"] * 0.4, color="tab:orange", alpha=0.5, label="aborted")
+    counts.bar(t, win("errors"), width=spec["sample_interval"] * 0.4, color="tab:red", label="errors")
+    counts.set_ylabel("requests per window")
+    counts.legend(fontsize=8, loc="upper right")
+    tput.set_xlabel("time since the load started (s)")
+    quarter = (spec["duration"] - spec["warmup_s"]) / 4
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.axvspan(0, spec["warmup_s"], color="0.9", zorder=0)
+        ax.axvspan(spec["duration"], max(float(t.max()), spec["duration"]), color="0.9", zorder=0)
+        for k in range(1, 4):
+            ax.axvline(spec["warmup_s"] + k * quarter, color="0.5", ls=":", lw=0.8)
+    v = timeline.get("verdict", {})
+    fig.suptitle(
+        f"soak {timeline['run']['label']}: {spec['concurrency']} streams, {spec['duration']:g} s — "
+        f"{'PASS' if v.get('passed') else 'FAIL'}"
+    )
+    return _save(fig, path)
+
+
 def all_run_plots(runs: Sequence[Run], out_dir: Path, prefix: str) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [
