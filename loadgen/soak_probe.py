@@ -19,6 +19,7 @@ from loadgen.procstat import sample_tree
 
 QUEUE = {"running": "aserve_requests_running", "waiting": "aserve_requests_waiting"}
 KV_TOTAL = "aserve_kv_total_tokens"
+KV_CACHED = "aserve_prefix_cached_tokens"  # pages the prefix cache keeps after their requests end
 PROCESS = {"rss_bytes": "process_resident_memory_bytes", "fds": "process_open_fds"}
 
 
@@ -51,7 +52,7 @@ class ServerProbe:
     async def sample(self) -> dict[str, Any]:
         """One sample; fields the server does not give are None, never a guess."""
         out: dict[str, Any] = dict.fromkeys(
-            ("rss_bytes", "fds", "threads", "procs", "kv_used", "kv_total", "running", "waiting")
+            ("rss_bytes", "fds", "threads", "procs", "kv_used", "kv_cached", "kv_total", "running", "waiting")
         )
         out["server_alive"] = True
         if self.pid is not None:
@@ -69,6 +70,7 @@ class ServerProbe:
             out["metrics_error"] = f"{type(exc).__name__}: {exc}"
             return out
         out["kv_used"] = plain.get(self.kv_metric)
+        out["kv_cached"] = plain.get(KV_CACHED)
         out["kv_total"] = plain.get(KV_TOTAL)
         for key, name in QUEUE.items():
             out[key] = plain.get(name)

@@ -105,7 +105,7 @@ def state_rows(samples: Sequence[dict[str, Any]]) -> list[list[str]]:
     """RSS, fds, threads, processes, KV: idle start, idle end, max, first/last quarter mean."""
     rows = []
     for key, name, scale in (("rss_bytes", "RSS (MiB)", MIB), ("fds", "open fds", 1), ("threads", "threads", 1),
-                             ("procs", "processes", 1), ("kv_used", "KV used (tokens)", 1),
+                             ("procs", "processes", 1), ("kv_used", "KV used (tokens)", 1), ("kv_cached", "prefix cache (tokens)", 1),
                              ("in_flight", "in flight (client)", 1)):  # fmt: skip
         vals = [float(s[key]) for s in samples if s.get(key) is not None]
         if not vals:
