@@ -144,7 +144,15 @@ def soak_timeline(timeline: dict[str, Any], path: Path) -> Path:
         return np.array([np.nan if s.get(key) is None else float(s[key]) / scale for s in samples])
 
     def win(key: str, scale: float = 1.0) -> np.ndarray:
-        return np.array([np.nan if s["window"].get(key) is None else float(s["window"][key]) * scale for s in samples])
+        # The idle start and end samples close windows of their own length, not the interval's: left out.
+        return np.array(
+            [
+                np.nan
+                if s["phase"] in ("start", "end") or s["window"].get(key) is None
+                else float(s["window"][key]) * scale
+                for s in samples
+            ]
+        )
 
     fig, axes = plt.subplots(5, 1, figsize=(11, 13), sharex=True)
     rss, fds, kv, lat, tput = axes
@@ -168,8 +176,9 @@ def soak_timeline(timeline: dict[str, Any], path: Path) -> Path:
     queue.plot(t, col("in_flight"), "-", color="0.6", lw=1, label="in flight (client)")
     queue.set_ylabel("requests")
     queue.legend(fontsize=8, loc="upper right")
-    for key, style in (("ttft_p50_s", "-"), ("ttft_p99_s", "--"), ("e2e_p50_s", "-"), ("e2e_p99_s", "--")):
-        lat.plot(t, win(key, 1000), style, label=key.replace("_s", "").replace("_", " "))
+    for key, style in (("ttft_p50_s", ".-"), ("ttft_p99_s", "x--"), ("e2e_p50_s", ".-"), ("e2e_p99_s", "x--")):
+        # markers: on a slow server most windows end no request, and a lone value draws no line
+        lat.plot(t, win(key, 1000), style, ms=4, label=key.replace("_s", "").replace("_", " "))
     lat.set_yscale("log")
     lat.set_ylabel("latency per window (ms)")
     lat.legend(fontsize=8, ncol=4)
