@@ -118,9 +118,15 @@ class SoakRunner:
         self.in_flight = 0
         self.error_types: Counter[str] = Counter()
         self.errors: list[dict[str, Any]] = []  # the first MAX_ERRORS_KEPT, in full
+        self.stopped_at: float | None = None  # the load was ended early (stop()) at this time
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
+
+    def stop(self) -> None:
+        """End the load now: no stream sends again, the rest (drain, settle, end sample) runs as usual."""
+        if self.stopped_at is None:
+            self.stopped_at = self.now()
 
     async def run(self) -> dict[str, Any]:
         """The whole soak; returns the timeline (JSON-able). Cancelling it closes every connection."""
@@ -152,7 +158,8 @@ class SoakRunner:
             "prewarm": self.prewarm.summary(prewarm_s),
             "totals": self._totals(),
             "errors": {"by_type": dict(self.error_types), "first": self.errors},
-            "drain_s": load_end - spec.duration,
+            "drain_s": load_end - min(spec.duration, self.stopped_at if self.stopped_at is not None else spec.duration),
+            "stopped_early_at": self.stopped_at,
             "settle": {k: v for k, v in settle.items() if k != "sample"},
             "server_outcomes": dict(self.probe.outcomes),
         }
@@ -171,7 +178,7 @@ class SoakRunner:
                 await client.aclose()
 
     async def _stream(self, client: SoakClient) -> None:
-        while self.now() < self.spec.duration:
+        while self.now() < self.spec.duration and self.stopped_at is None:
             await self._one(client, None)
 
     async def _one(self, client: SoakClient, tally: Tally | None) -> None:
@@ -184,7 +191,7 @@ class SoakRunner:
         self.mixer.observe(out)
         if tally is None:
             self.window.add(out)
-            self.phases[self.spec.phase(out.end_s)].add(out)
+            self.phases[self._phase(out.end_s)].add(out)
         else:
             tally.add(out)
         if out.kind == "error":
@@ -204,7 +211,7 @@ class SoakRunner:
         window, self.window = self.window, Tally()
         sample = {
             "t": t,
-            "phase": phase or self.spec.phase(t),
+            "phase": phase or self._phase(t),
             "in_flight": self.in_flight,
             **server,
             "window": window.summary(t - last_t),
@@ -213,6 +220,9 @@ class SoakRunner:
         self.samples.append(sample)
         if self.console is not None:
             self.console.print(_progress_line(sample), highlight=False)
+
+    def _phase(self, t: float) -> str:
+        return "drain" if self.stopped_at is not None and t >= self.stopped_at else self.spec.phase(t)
 
     def _totals(self) -> dict[str, int]:
         tallies = [*self.phases.values(), self.prewarm]
@@ -223,7 +233,7 @@ class SoakRunner:
         if phase == "warmup":
             return spec.warmup
         if phase == "drain":
-            return max(0.0, load_end - spec.duration)
+            return max(0.0, load_end - min(spec.duration, self.stopped_at or spec.duration))
         return (spec.duration - spec.warmup) / 4
 
     async def _settle(self, fds_before: int | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -86,6 +87,21 @@ async def _server(a: argparse.Namespace, out_dir: Path) -> AsyncIterator[tuple[s
         yield server.base_url, server.pid
 
 
+async def _stop_on_signal(runner: SoakRunner, scope: anyio.CancelScope) -> None:
+    """The first SIGINT or SIGTERM ends the load early and the soak still drains, settles and
+    writes its files; a second one cancels it outright (nothing is written)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for sig in signals:
+            if runner.stopped_at is not None:
+                scope.cancel()
+                return
+            runner.stop()
+            Console(stderr=True).print(
+                f"{signal.Signals(sig).name}: load stopped at t={runner.stopped_at:.1f}s; draining (again to abandon)",
+                highlight=False,
+            )
+
+
 def _cpu_model() -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -130,10 +146,17 @@ async def cmd_soak(a: argparse.Namespace, argv: list[str]) -> int:
                               request_timeout=a.request_timeout)  # fmt: skip
 
         probe = ServerProbe(base_url, pid=pid, api_key=a.api_key, kv_metric=a.kv_metric)
+        runner = SoakRunner(new_client, probe, Mixer(items, mix, a.seed), spec, progress=a.progress)
+        timeline: dict[str, Any] | None = None
         try:
-            timeline = await SoakRunner(new_client, probe, Mixer(items, mix, a.seed), spec, progress=a.progress).run()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_stop_on_signal, runner, tg.cancel_scope, name="loadgen.soak.signals")
+                timeline = await runner.run()
+                tg.cancel_scope.cancel()
         finally:
             await probe.aclose()
+    if timeline is None:
+        raise SystemExit("soak abandoned by a second signal; nothing written")
     timeline["run"] = _meta(a, argv, base_url, pid, model, mix, started)
     timeline["verdict"] = verdict(timeline)
     files = {

@@ -145,7 +145,9 @@ def _num(x: Any, scale: float) -> str:
 
 def summary_lines(timeline: dict[str, Any]) -> list[str]:
     tot, v = timeline["totals"], timeline["verdict"]
-    lines = [
+    stopped = timeline.get("stopped_early_at")
+    lines = [f"the load was stopped early at t={stopped:.1f}s (signal)"] if stopped is not None else []
+    lines += [
         f"requests: {tot['ok']} completed, {tot['aborted']} aborted on purpose ({tot['abort_missed']} planned aborts "
         f"answered first), {tot['errors']} errors; drain {timeline['drain_s']:.1f} s",
         f"server's own count by outcome: {timeline['server_outcomes'] or 'not exported'}",
