@@ -75,6 +75,11 @@ class EngineConfig:
     # one took 0.23 s on a 2-core VM; W2 on the H200 saw 1-7.6 ms gen1 pauses without it,
     # none with it). gc.freeze(), undone by aclose. None: on with CUDA, off on a CPU.
     gc_freeze: bool | None = None
+    # Seconds a launched step may take to complete on the device before the engine declares
+    # it stalled (SGLang's --watchdog-timeout, also 300 s): every request in flight then ends
+    # with EngineFailedError and the engine closes, since a stalled device cannot be trusted.
+    # None or 0 disables it.
+    watchdog_timeout: float | None = 300.0
 
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in _DTYPES:
@@ -87,6 +92,8 @@ class EngineConfig:
             raise InvalidRequestError("cuda_graph needs attention_backend='triton'", param="cuda_graph")
         if self.overlap_depth not in (None, 2, 3):
             raise InvalidRequestError("overlap_depth must be 2 or 3", param="overlap_depth")
+        if self.watchdog_timeout is not None and self.watchdog_timeout < 0:
+            raise InvalidRequestError("watchdog_timeout must be >= 0 (0 disables it)", param="watchdog_timeout")
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", param="stream_interval")
         if (self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1) or (
@@ -134,6 +141,11 @@ class EngineConfig:
         if self.torch_device.type != "cuda":
             return False
         return importlib.util.find_spec("triton") is not None
+
+    @property
+    def watchdog_s(self) -> float | None:
+        """The watchdog's limit in seconds, or None when it is off."""
+        return self.watchdog_timeout or None
 
     @property
     def use_gc_freeze(self) -> bool:
@@ -191,6 +203,8 @@ FLAG_HELP: dict[str, str] = {
     "trace_path": "on exit, write a Chrome trace (chrome://tracing, Perfetto) of every step here",
     "cuda_event_wait": "how the loop awaits a CUDA event: poll it, or block a helper thread",
     "gc_freeze": "move start-up objects out of the garbage collector's reach (default: on with CUDA)",
+    "watchdog_timeout": "seconds a launched step may take on the device before the engine is declared "
+    "stalled and stops (0 disables it)",
 }
 
 

@@ -1,7 +1,9 @@
-"""Typed errors a user can cause. Each message says what to change.
+"""Typed errors a user can cause, and the faults a request can end with. Each message says
+what to change.
 
 Internal invariants use ``assert`` with the values in the message; these classes are for
-input (requests, model paths, files) and map to HTTP 4xx statuses in the server.
+input (requests, model paths, files), which map to HTTP 4xx statuses in the server, and for
+engine faults a caller must be told about (503: retry, or restart the engine).
 """
 
 from __future__ import annotations
@@ -64,8 +66,16 @@ class EngineClosedError(AserveError):
     error_type = "engine_closed"
 
 
+class EngineFailedError(EngineClosedError):
+    """The engine stopped after a fault it cannot recover from: work on the device raised, a
+    step never completed (``watchdog_timeout``), or the step loop itself raised. Every request
+    in flight ends with it and new ones are refused; restart the engine (or the server)."""
+
+    error_type = "engine_failed"
+
+
 class RequestAbortedError(AserveError):
-    """The request was aborted (engine shutdown) before it finished."""
+    """The request was aborted (engine shutdown, or a fault that ended it) before it finished."""
 
     status_code = 503
     error_type = "request_aborted"

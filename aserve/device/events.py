@@ -195,9 +195,11 @@ class CpuStream:
             except BaseException as exc:
                 self._error = exc
 
-    def close(self) -> None:
+    def close(self, join_s: float = 30.0) -> None:
+        """Stop the thread after the work already queued; wait at most ``join_s`` seconds for
+        it (a stalled device may never let it finish; the thread is a daemon)."""
         self._queue.put(None)
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=join_s)
 
 
 class CudaEventWaiter:
@@ -226,9 +228,11 @@ class CudaEventWaiter:
             event.host_time = time.perf_counter()
             self._waker.call_soon(lambda ev=event, e=err: ev._complete(e))  # type: ignore[misc]
 
-    def close(self) -> None:
+    def close(self, join_s: float = 30.0) -> None:
+        """Stop the thread after the work already queued; wait at most ``join_s`` seconds for
+        it (a stalled device may never let it finish; the thread is a daemon)."""
         self._queue.put(None)
-        self._thread.join(timeout=30)
+        self._thread.join(timeout=join_s)
 
 
 def cuda_record(stream: Any, waiter: CudaEventWaiter | None, name: str, *, poll_s: float = 50e-6) -> DeviceEvent:

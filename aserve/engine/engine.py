@@ -32,7 +32,7 @@ from aserve.engine.recorder import StepRecorder
 from aserve.engine.setup import LoadedEngine, load_engine_parts, load_on_stream
 from aserve.engine.step_loop import StepLoop
 from aserve.engine.stream import RequestStream, collect_result, stream_deltas
-from aserve.errors import EngineClosedError, InvalidRequestError
+from aserve.errors import EngineClosedError, EngineFailedError, InvalidRequestError
 from aserve.kv.allocator import LedgerView
 from aserve.logs import get_logger
 from aserve.outputs import CompletionResult, Delta
@@ -126,7 +126,8 @@ class Engine:
         trace = TraceWriter(cfg.trace_path, self._t0) if cfg.trace_path else None
         self._recorder = StepRecorder(trace, runner.device_clock)
         self._loop = StepLoop(self.scheduler, runner, self.committer, self._recorder,
-                              pipeline_depth=cfg.pipeline_depth, debug=cfg.debug)  # fmt: skip
+                              pipeline_depth=cfg.pipeline_depth, debug=cfg.debug,
+                              watchdog_s=cfg.watchdog_s)  # fmt: skip
         self._admission = Admission(
             AdmissionLimits(
                 vocab_size=parts.model_config.vocab_size,
@@ -165,7 +166,10 @@ class Engine:
         self._recorder.stats.reset()
 
     async def aclose(self) -> None:
-        """Stop the scheduler; unfinished requests end with ``finish_reason == "abort"``."""
+        """Stop the scheduler; unfinished requests end with ``finish_reason == "abort"``.
+
+        After a fault (``failure``) it closes just the same and raises nothing: the fault
+        went to the requests it ended. After a stall it does not wait for the device."""
         if self._closed:
             return
         self._closed = True
@@ -175,16 +179,19 @@ class Engine:
                     self.committer.finish(req, "abort")
         await self._exit.aclose()  # the step loop's task group: cancelled and left
         # The loops are gone; steps still queued on the device finish before the stream
-        # thread exits below. Return every request's KV so the ledger closes.
+        # thread exits below (unless the device stalled: then nothing waits on it for long).
+        # Return every request's KV so the ledger closes.
+        stalled = hasattr(self, "_loop") and self._loop.stalled
+        join_s = 1.0 if stalled else 30.0
         if self._cpu_stream is not None:
-            self._cpu_stream.close()
+            self._cpu_stream.close(join_s)
             self._cpu_stream = None
-        if self._parts is not None and self._parts.device.type == "cuda":
+        if self._parts is not None and self._parts.device.type == "cuda" and not stalled:
             torch.cuda.synchronize(self._parts.device)
         if hasattr(self, "scheduler"):
             self.scheduler.release_all()
         if self._cuda_waiter is not None:
-            self._cuda_waiter.close()
+            self._cuda_waiter.close(join_s)
         if self._recorder_trace is not None:
             self._recorder_trace.write()
         if self._gc_frozen:
@@ -236,6 +243,18 @@ class Engine:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self._require().eos_token_ids
+
+    @property
+    def failure(self) -> EngineFailedError | None:
+        """The fault that stopped the engine (a device error, a stalled step), or None."""
+        return self._loop.broken if hasattr(self, "_loop") else None
+
+    async def wait_failed(self) -> EngineFailedError:
+        """Return once the engine has stopped after a fault, with the error its requests got.
+        Hosts (the server) use it to stop serving; cancellation only stops the wait."""
+        await self._loop.failed.wait()
+        assert self._loop.broken is not None, "the failed event is set only with the error"
+        return self._loop.broken
 
     def abort(self, req: Req) -> None:
         """End a submitted request now (``finish_reason == "abort"``); its KV returns at the next safe point."""
@@ -429,7 +448,7 @@ class Engine:
         if self._closed:
             raise EngineClosedError("the engine is shutting down; no new requests are accepted")
         if self._loop.broken is not None:
-            raise EngineClosedError(f"the engine stopped after a device error: {self._loop.broken}")
+            raise EngineFailedError(f"no new requests are accepted: {self._loop.broken}")
 
     def _enqueue(self, reqs: list[Req]) -> None:
         trace = self._recorder.trace

@@ -16,6 +16,13 @@ Planning a step and committing a step are each one synchronous stretch with no `
 inside; awaits sit only at the edges (taking a slot, awaiting a device event, sending on a
 channel). That is the lock that keeps the planner and the committer from seeing a ``Req``
 half-updated by the other.
+
+Faults: an exception from planning, launching or committing a step, a step whose device work
+raised, or a step that does not complete within the watchdog's limit breaks the engine for
+good (as in SGLang and vLLM: after a device fault the CUDA context cannot be trusted, and the
+host state may be half-updated). Every request in flight then ends with
+:class:`EngineFailedError`, the coroutines return, new requests are refused, and ``failed``
+is set for whoever hosts the engine.
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from aserve.device.step import Step
 from aserve.engine.commit import Committer
 from aserve.engine.pipeline import PipelineSlots
 from aserve.engine.recorder import StepRecorder
-from aserve.errors import EngineClosedError, KVCapacityError
+from aserve.errors import EngineClosedError, EngineFailedError, KVCapacityError
 from aserve.logs import get_logger
 from aserve.scheduler.policy import Blocked, Plan, Scheduler
 from aserve.scheduler.req import Req
@@ -54,6 +61,7 @@ class StepLoop:
         *,
         pipeline_depth: int,
         debug: bool = False,
+        watchdog_s: float | None = None,
     ) -> None:
         self.scheduler = scheduler
         self.runner = runner
@@ -62,7 +70,11 @@ class StepLoop:
         self.slots = PipelineSlots(pipeline_depth)
         self.debug = debug
         self.work = Signal()  # something changed that the planner may act on
-        self.broken: BaseException | None = None  # set after a device error: nothing runs again
+        self.watchdog_s = watchdog_s  # how long the committer waits for a step's results; None: forever
+        self.broken: EngineFailedError | None = None  # set after a fault: nothing runs again
+        self.failed = anyio.Event()  # set with ``broken``
+        self.stalled = False  # the watchdog fired: the device may never finish what it holds
+        self._plan_scope = anyio.CancelScope()  # the plan loop's: a fault ends it wherever it waits
         self._ingest: MemoryObjectSendStream[list[Req]] | None = None
         self.live: set[Req] = set()  # submitted and not finished (the engine's on_finish discards)
         self._uncommitted: set[Step] = set()  # launched, not yet committed (cancelled at shutdown)
@@ -141,11 +153,19 @@ class StepLoop:
                 self.work.set()
 
     async def _plan_loop(self, send: MemoryObjectSendStream[Step]) -> None:
-        async with send:
+        with self._plan_scope, send:
             while self.broken is None:
-                plan, plan_t0 = await self._next_plan()  # planned: holds a pipeline slot
-                planned_t = time.perf_counter()
-                step = self.runner.launch(plan, planned_t - plan_t0)  # in flight: the device runs it
+                try:
+                    planned = await self._next_plan()  # planned: holds a pipeline slot
+                    if planned is None:
+                        return  # the engine broke while this loop waited
+                    plan, plan_t0 = planned
+                    planned_t = time.perf_counter()
+                    step = self.runner.launch(plan, planned_t - plan_t0)  # in flight: the device runs it
+                except Exception as exc:
+                    # On CUDA the forward is enqueued here, on the loop's thread: its errors land here.
+                    self._fail_everything(f"planning or launching a step raised {exc!r}", exc)
+                    return
                 step.planned.set(planned_t)
                 step.in_flight.set(step.launch_time)
                 self._uncommitted.add(step)
@@ -165,13 +185,14 @@ class StepLoop:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the committer stopped after a device error; the engine is broken
 
-    async def _next_plan(self) -> tuple[Plan, float]:
-        """Take a pipeline slot and plan the next step: ``(plan, when planning began)``.
+    async def _next_plan(self) -> tuple[Plan, float] | None:
+        """Take a pipeline slot and plan the next step: ``(plan, when planning began)``, or
+        None once the engine is broken.
 
         Waits, holding no slot, while there is nothing to run; drains the pipeline first when
         KV is short while steps are in flight (retraction needs a settled state)."""
         await self.slots.acquire()
-        while True:
+        while self.broken is None:
             t0 = time.perf_counter()
             self._end_stuck()
             result = self.scheduler.schedule(pipeline_busy=self.slots.in_use > 1)
@@ -185,19 +206,33 @@ class StepLoop:
                     self._idle_before_next = True
                 await self.work.wait()
             await self.slots.acquire()
+        return None
 
     async def _commit_loop(self, recv: MemoryObjectReceiveStream[Step]) -> None:
         async with recv:
             async for step in recv:
-                try:
-                    await step.copied.wait()  # materialized, and the results are on the host
-                except DeviceError as exc:
-                    self._fail_everything(exc)
+                # The watchdog: a step's results not back within the limit means a stalled device.
+                with anyio.move_on_after(self.watchdog_s) as watchdog:
+                    try:
+                        await step.copied.wait()  # materialized, and the results are on the host
+                    except DeviceError as exc:
+                        self._fail_everything(f"step {step.index} failed on the device: {exc.__cause__!r}", exc)
+                        return
+                if watchdog.cancelled_caught:
+                    self.stalled = True
+                    self._fail_everything(
+                        f"step {step.index} did not complete on the device within {self.watchdog_s:g} s "
+                        "(watchdog_timeout): the device is stalled"
+                    )
                     return
                 t0 = time.perf_counter()
-                if self.debug:
-                    self._track_pages(step, None, -1)
-                self.committer.commit(step)
+                try:
+                    if self.debug:
+                        self._track_pages(step, None, -1)
+                    self.committer.commit(step)
+                except Exception as exc:
+                    self._fail_everything(f"committing step {step.index} raised {exc!r}", exc)
+                    return
                 commit_s = time.perf_counter() - t0
                 step.committed.set(t0 + commit_s)
                 self._uncommitted.discard(step)
@@ -225,12 +260,21 @@ class StepLoop:
                 )
             self.scheduler.release_if_done(req)
 
-    def _fail_everything(self, exc: BaseException) -> None:
-        log.error("device_error", error=repr(exc.__cause__ or exc))
-        self.broken = exc
+    def _fail_everything(self, reason: str, cause: BaseException | None = None) -> None:
+        """The engine is broken: every unfinished request ends with the same typed error, and
+        nothing is planned again. KV stays held until the engine closes (the device may still
+        be using it); the engine's ``aclose`` returns it all."""
+        if self.broken is not None:
+            return  # the first fault is the one to report
+        log.error("engine_failed", reason=reason, stalled=self.stalled)
+        error = EngineFailedError(f"the engine failed and stopped: {reason}")
+        error.__cause__ = cause
+        self.broken = error
         for req in list(self.live):
-            if req.cell is not None:
-                req.cell.fail(exc)
+            if not req.finished:
+                self.committer.fail(req, error)
+        self.failed.set()
+        self._plan_scope.cancel()  # at its next await: planning and launching are synchronous
 
     def _track_pages(self, step: Step, plan: Plan | None, sign: int) -> None:
         """Debug: count the KV pages each step in flight reads and writes."""

@@ -38,9 +38,10 @@ def test_device_error_fails_requests_cleanly(tiny_llama: tuple[Path, Any], monke
                 async with anyio.create_task_group() as tg:
                     for i in range(4):
                         tg.start_soon(one, i)
-            with pytest.raises(aserve.EngineClosedError, match="device error"):
+            with pytest.raises(aserve.EngineFailedError, match="failed on the device"):
                 await engine.complete([1, 2, 3], aserve.SamplingParams(max_tokens=2))
 
     anyio.run(run)
     assert len(errors) == 4
-    assert all(isinstance(e, aserve.RequestAbortedError) for e in errors)
+    # One typed error for everyone in flight, naming the fault (a subclass of EngineClosedError: 503).
+    assert all(isinstance(e, aserve.EngineFailedError) and "injected device failure" in str(e) for e in errors)

@@ -1,0 +1,211 @@
+"""Fault injection (issue 18): what a request sees when the engine meets a fault, and what is
+left afterwards. Each fault is injected where it would really happen:
+
+* an exception inside the model's forward (on a CPU it runs on the stream's worker thread), in
+  the host's launch of a step (where a CUDA forward raises: kernels are enqueued on the loop's
+  thread) and in the commit: fatal. Every request in flight ends with ``EngineFailedError``
+  (no hang, no bare RuntimeError, no cancellation leaking into the caller's tasks), new
+  requests are refused with it, and the engine closes cleanly with the KV ledger back to zero;
+* a KV allocation that raises, or says "no room" where room was counted: only the request
+  being planned is affected (it ends with ``KVAllocationError``, or sits a step out and
+  finishes normally); the others' tokens equal a run without the fault;
+* a step whose device work never completes: the watchdog (``watchdog_timeout``) ends every
+  request with an error naming the stall, and the engine closes without waiting on the device;
+* a consumer that never reads its stream: the others run on, the unread request ends at
+  ``max_tokens`` holding only its tokens, and its KV returns before anyone reads it.
+
+A GPU twin is ``tests/gpu/test_cuda_faults.py``; the server's side is
+``tests/server/test_engine_faults.py``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import aserve
+
+# Distinct prompt lengths, so requests cross KV page boundaries (page_size 4) at different steps.
+PROMPTS = [[1, *range(5 + i, 5 + i + 2 + i)] for i in range(5)]
+PARAMS = aserve.SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+BOUND_S = 60  # generous: the CI machine is a loaded 2-core VM; what matters is "ends", not how fast
+
+
+def config(path: Path, **kw: Any) -> aserve.EngineConfig:
+    return aserve.EngineConfig(model=str(path), debug=True, warmup=False, page_size=4, **kw)
+
+
+@pytest.fixture(scope="module")
+def clean_tokens(tiny_llama: tuple[Path, Any]) -> list[list[int]]:
+    """The prompts' greedy tokens without any fault: the reference the faulty runs must match."""
+
+    async def run() -> list[list[int]]:
+        async with aserve.Engine(config(tiny_llama[0])) as engine:
+            return [(await engine.complete(p, PARAMS)).token_ids for p in PROMPTS]
+
+    return anyio.run(run)
+
+
+async def complete_each(engine: aserve.Engine, prompts: list[list[int]]) -> list[Any]:
+    """Each prompt's result, or the exception it raised (anything but cancellation)."""
+    out: list[Any] = [None] * len(prompts)
+
+    async def one(i: int) -> None:
+        try:
+            out[i] = await engine.complete(prompts[i], PARAMS)
+        except Exception as exc:
+            out[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(one, i)
+    return out
+
+
+async def stream_each(engine: aserve.Engine, prompt: list[int]) -> Any:
+    """A streamed request read to the end: its token ids, or the exception it raised."""
+    ids: list[int] = []
+    try:
+        async for d in engine.generate(prompt, PARAMS):
+            ids += d.token_ids
+    except Exception as exc:
+        return exc
+    return ids
+
+
+async def wait_ledger_free(engine: aserve.Engine) -> None:
+    with anyio.fail_after(BOUND_S):
+        while not engine.ledger().all_free:
+            await anyio.sleep(0.01)
+
+
+def assert_nothing_left(engine: aserve.Engine) -> None:
+    """After close: every KV page and row free, no request queued, running or pending a step."""
+    ledger = engine.ledger()
+    assert ledger.balanced and ledger.all_free and ledger.used_pages == 0, ledger
+    assert not engine.scheduler.running and not engine.scheduler.waiting
+    assert not engine.scheduler.stuck
+    assert not engine._loop.live and not engine._loop._uncommitted
+    assert engine.future_map.tokens.numel() == 0  # released with the device's memory
+    assert not engine.runner.staging._bufs and not engine.runner.out_staging._bufs
+
+
+# -- 1. an exception inside a step: fatal -----------------------------------------------------
+
+
+def _raise_on_call(n: int, real: Callable[..., Any], what: str) -> Callable[..., Any]:
+    calls = {"n": 0}
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise RuntimeError(f"injected fault in {what}")
+        return real(*args, **kwargs)
+
+    return flaky
+
+
+def _inject(engine: aserve.Engine, where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    if where == "forward":  # the model itself: on a CPU, on the stream's worker thread
+        model = engine.runner.model
+        monkeypatch.setattr(model, "forward", _raise_on_call(6, model.forward, "forward"))
+    elif where == "launch":  # the host's launch, where a CUDA forward raises
+        monkeypatch.setattr(engine.runner, "launch", _raise_on_call(6, engine.runner.launch, "launch"))
+    else:
+        monkeypatch.setattr(engine.committer, "commit", _raise_on_call(6, engine.committer.commit, "commit"))
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+@pytest.mark.parametrize("where", ["forward", "launch", "commit"])
+def test_an_exception_in_a_step_fails_every_request_and_the_engine_closes_clean(
+    tiny_llama: tuple[Path, Any], where: str, overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def run() -> tuple[list[Any], Any, BaseException | None, aserve.Engine]:
+        engine = aserve.Engine(config(tiny_llama[0], overlap=overlap))
+        async with engine:
+            _inject(engine, where, monkeypatch)
+            with anyio.fail_after(BOUND_S):
+                results: list[Any] = [None, None]
+
+                async def completes() -> None:
+                    results[0] = await complete_each(engine, PROMPTS[:4])
+
+                async def streams() -> None:
+                    results[1] = await stream_each(engine, PROMPTS[4])
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(completes)
+                    tg.start_soon(streams)
+            refused = None
+            try:
+                await engine.complete([1, 2, 3], PARAMS)
+            except aserve.AserveError as exc:
+                refused = exc
+        return [*results[0], results[1]], refused, engine.failure, engine
+
+    outcomes, refused, failure, engine = anyio.run(run)
+    assert isinstance(failure, aserve.EngineFailedError) and "injected fault" in str(failure)
+    for out in outcomes:  # the same typed error for everyone in flight
+        assert isinstance(out, aserve.EngineFailedError), out
+        assert "the engine failed" in str(out)
+    assert isinstance(refused, aserve.EngineFailedError) and "no new requests" in str(refused)
+    assert engine.requests_aborted == len(PROMPTS)
+    assert_nothing_left(engine)
+
+
+# -- 3. a stalled device: the watchdog -------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["serial", "overlap"])
+def test_a_step_that_never_completes_trips_the_watchdog(
+    tiny_llama: tuple[Path, Any], overlap: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The 6th forward blocks the stream's worker thread (the CPU's device) until the test
+    ends: that step's results never arrive. With ``watchdog_timeout=0.5`` every request ends
+    with an error naming the stall, the engine closes without waiting for the device, and
+    everything it held is returned."""
+    never = threading.Event()
+
+    async def run() -> tuple[list[Any], aserve.Engine]:
+        engine = aserve.Engine(config(tiny_llama[0], overlap=overlap, watchdog_timeout=0.5))
+        async with engine:
+            model = engine.runner.model
+            real = model.forward
+            calls = {"n": 0}
+
+            def stalls(*args: Any, **kwargs: Any) -> Any:
+                calls["n"] += 1
+                if calls["n"] == 6:
+                    never.wait()
+                return real(*args, **kwargs)
+
+            monkeypatch.setattr(model, "forward", stalls)
+            with anyio.fail_after(BOUND_S):
+                out = await complete_each(engine, PROMPTS[:4])
+                out.append(await stream_each(engine, PROMPTS[4]))
+        return out, engine
+
+    try:
+        out, engine = anyio.run(run)
+    finally:
+        never.set()  # let the worker thread run out
+    failure = engine.failure
+    assert isinstance(failure, aserve.EngineFailedError) and engine._loop.stalled
+    assert "watchdog_timeout" in str(failure) and "stalled" in str(failure)
+    assert isinstance(out[-1], aserve.EngineFailedError)  # submitted after the stall: refused
+    for o in out[:-1]:
+        assert isinstance(o, aserve.EngineFailedError) and "stalled" in str(o), o
+    assert_nothing_left(engine)
+
+
+def test_watchdog_timeout_defaults_to_300_s_and_0_turns_it_off() -> None:
+    assert aserve.EngineConfig().watchdog_s == 300.0
+    assert aserve.EngineConfig(watchdog_timeout=0).watchdog_s is None
+    assert aserve.EngineConfig(watchdog_timeout=None).watchdog_s is None
+    with pytest.raises(aserve.InvalidRequestError, match="watchdog_timeout"):
+        aserve.EngineConfig(watchdog_timeout=-1)
