@@ -79,3 +79,10 @@ class RequestAbortedError(AserveError):
 
     status_code = 503
     error_type = "request_aborted"
+
+
+class KVAllocationError(RequestAbortedError):
+    """KV memory could not be allocated for the request when it was planned (the allocator
+    raised); that request ends with this error, the others run on. Retrying may succeed."""
+
+    error_type = "kv_allocation_failed"

@@ -22,7 +22,8 @@ raised, or a step that does not complete within the watchdog's limit breaks the 
 good (as in SGLang and vLLM: after a device fault the CUDA context cannot be trusted, and the
 host state may be half-updated). Every request in flight then ends with
 :class:`EngineFailedError`, the coroutines return, new requests are refused, and ``failed``
-is set for whoever hosts the engine.
+is set for whoever hosts the engine. A KV allocation that fails for one request while
+planning ends only that request (``Scheduler.failed``, :class:`KVAllocationError`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from aserve.device.step import Step
 from aserve.engine.commit import Committer
 from aserve.engine.pipeline import PipelineSlots
 from aserve.engine.recorder import StepRecorder
-from aserve.errors import EngineClosedError, EngineFailedError, KVCapacityError
+from aserve.errors import EngineClosedError, EngineFailedError, KVAllocationError, KVCapacityError
 from aserve.logs import get_logger
 from aserve.scheduler.policy import Blocked, Plan, Scheduler
 from aserve.scheduler.req import Req
@@ -196,12 +197,13 @@ class StepLoop:
             t0 = time.perf_counter()
             self._end_stuck()
             result = self.scheduler.schedule(pipeline_busy=self.slots.in_use > 1)
+            ended = self._end_stuck()  # requests whose KV allocation failed in this pass end now
             if isinstance(result, Plan):
                 return result, t0
             self.slots.release()
             if result is Blocked.DRAIN:
                 await self.slots.wait_until(0)
-            elif not self.scheduler.stuck:  # stuck ones end at the top of the next pass
+            elif not (self.scheduler.stuck or ended):  # stuck ones end at the top of the next pass
                 if self.slots.in_use == 0:
                     self._idle_before_next = True
                 await self.work.wait()
@@ -242,9 +244,24 @@ class StepLoop:
 
     # -- what the coroutines share ---------------------------------------------------
 
-    def _end_stuck(self) -> None:
-        """Requests that cannot fit the KV pool even alone end with a typed error."""
+    def _end_stuck(self) -> bool:
+        """Requests that cannot fit the KV pool even alone, or whose KV allocation failed while
+        planning, end with a typed error; the others run on. Returns whether any ended."""
         pool = self.scheduler.pool
+        ended = bool(self.scheduler.stuck or self.scheduler.failed)
+        while self.scheduler.failed:
+            req, cause = self.scheduler.failed.pop()
+            log.error("kv_allocation_failed", rid=req.rid, error=repr(cause))
+            if not req.finished:
+                why = "the pool found no room for it with nothing else running" if cause is None else repr(cause)
+                self.committer.fail(
+                    req,
+                    KVAllocationError(
+                        f"request {req.rid} ended: KV memory could not be allocated for it ({why}); "
+                        "the engine runs on, and retrying the request may succeed"
+                    ),
+                )
+            self.scheduler.release_if_done(req)
         while self.scheduler.stuck:
             req = self.scheduler.stuck.pop()
             log.warning("kv_exhausted", rid=req.rid, tokens=req.num_computed, kv_tokens=pool.total_tokens)
@@ -259,6 +276,7 @@ class StepLoop:
                     ),
                 )
             self.scheduler.release_if_done(req)
+        return ended
 
     def _fail_everything(self, reason: str, cause: BaseException | None = None) -> None:
         """The engine is broken: every unfinished request ends with the same typed error, and

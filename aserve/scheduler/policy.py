@@ -110,6 +110,9 @@ class Scheduler:
         self.num_retractions = 0
         # Requests that cannot fit the pool even alone; the engine ends them with KVCapacityError.
         self.stuck: list[Req] = []
+        # Requests whose KV allocation raised while planning (the cause), or that the pool had
+        # no room for with nothing else running (None); the engine ends them with KVAllocationError.
+        self.failed: list[tuple[Req, BaseException | None]] = []
         self.prefix = PrefixCache(pool, config.radix_cache, config.debug)
         self.prefill_tokens_computed = 0
 
@@ -186,7 +189,8 @@ class Scheduler:
             if pipeline_busy:
                 return Blocked.DRAIN
             decodes = self._retract_until_fits(decodes)
-        seqs = [self._plan_decode(r) for r in decodes]
+        # A decode whose page allocation failed sits this step out (None).
+        seqs = [seq for r in decodes if (seq := self._plan_decode(r)) is not None]
         num_decodes = len(seqs)
         budget -= num_decodes
 
@@ -199,6 +203,8 @@ class Scheduler:
                 continue
             chunk = self._plan_prefill_chunk(r, budget, reserve_pages=0)
             if chunk is None:
+                if self._failed_last(r):
+                    continue
                 break
             seqs.append(chunk)
             budget -= chunk.extend_len
@@ -211,6 +217,9 @@ class Scheduler:
             # immediate retraction of someone already decoding.
             chunk = self._admit(req, budget, reserve_pages=len(self.running))
             if chunk is None:
+                if self._failed_last(req):
+                    self.waiting.popleft()
+                    continue
                 break
             self.waiting.popleft()
             seqs.append(chunk)
@@ -232,6 +241,12 @@ class Scheduler:
         Returns True when it changed something worth planning again for.
         """
         live = [r for r in self.running if not r.resources_freed and not r.finished and not r.abort_requested]
+        if not live and self.waiting:
+            # Nothing runs or is in flight, so the whole pool is free or evictable, yet the
+            # head of the queue got no KV: the allocator disagrees with its own count. End
+            # it rather than wait for a commit that will never come.
+            self.failed.append((self.waiting.popleft(), None))
+            return False
         blocked = [r for r in live if not r.length_reached(r.num_launched_outputs)]
         if not blocked:
             return False
@@ -240,6 +255,10 @@ class Scheduler:
             return True
         self.stuck.append(blocked[0])
         return False
+
+    def _failed_last(self, req: Req) -> bool:
+        """Whether ``req``'s KV allocation just failed (it ends; planning goes on without it)."""
+        return bool(self.failed) and self.failed[-1][0] is req
 
     def _order_waiting(self) -> list[Req] | None:
         """Longest-prefix-match order (policy "lpm"); returns the arrival order it replaced."""
@@ -267,15 +286,22 @@ class Scheduler:
             if r.row is None and not r.finished:
                 r.lpm_skips += 1
 
-    def _plan_decode(self, r: Req) -> SeqPlan:
+    def _plan_decode(self, r: Req) -> SeqPlan | None:
         # Once per running request every step: KVAllocator.grow inlined for one token,
         # positional SeqPlan arguments.
         row = r.row
         assert row is not None
         pos, pages, ps = r.num_computed, r.pages, self.pool.page_size
         if pos == len(pages) * ps:
-            got = self.pool.pages.alloc(1)
-            assert got is not None, "pages were counted before planning decodes"
+            # The page was counted before planning decodes; if the allocator still says no,
+            # the request sits this step out, and if it raises, the request fails.
+            try:
+                got = self.pool.pages.alloc(1)
+            except Exception as exc:
+                self.failed.append((r, exc))
+                return None
+            if got is None:
+                return None
             pages.extend(got)
         out = r.num_launched_outputs
         lookahead = out - len(r.output_ids)
@@ -326,8 +352,13 @@ class Scheduler:
             n = min(n, cap)
             if n <= 0:
                 return None
-        slots = self.pool.grow(r.pages, start, start + n)
-        assert slots is not None
+        try:
+            slots = self.pool.grow(r.pages, start, start + n)
+        except Exception as exc:  # the allocator raised: this request fails, the step goes on
+            self.failed.append((r, exc))
+            return None
+        if slots is None:  # counted as free above, yet refused: the request waits for a later step
+            return None
         last = start + n == len(r.fill_ids)
         plan = SeqPlan(
             req=r,

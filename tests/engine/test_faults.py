@@ -89,7 +89,7 @@ def assert_nothing_left(engine: aserve.Engine) -> None:
     ledger = engine.ledger()
     assert ledger.balanced and ledger.all_free and ledger.used_pages == 0, ledger
     assert not engine.scheduler.running and not engine.scheduler.waiting
-    assert not engine.scheduler.stuck
+    assert not engine.scheduler.stuck and not engine.scheduler.failed
     assert not engine._loop.live and not engine._loop._uncommitted
     assert engine.future_map.tokens.numel() == 0  # released with the device's memory
     assert not engine.runner.staging._bufs and not engine.runner.out_staging._bufs
@@ -155,6 +155,111 @@ def test_an_exception_in_a_step_fails_every_request_and_the_engine_closes_clean(
         assert "the engine failed" in str(out)
     assert isinstance(refused, aserve.EngineFailedError) and "no new requests" in str(refused)
     assert engine.requests_aborted == len(PROMPTS)
+    assert_nothing_left(engine)
+
+
+# -- 2. a failed KV allocation: only the request being planned -------------------------------
+
+
+@pytest.mark.parametrize("at", ["admission", "decode"])
+def test_an_allocator_that_raises_ends_only_the_request_it_was_planning(
+    tiny_llama: tuple[Path, Any], clean_tokens: list[list[int]], at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def run() -> tuple[list[Any], aserve.Engine, Any]:
+        engine = aserve.Engine(config(tiny_llama[0]))
+        async with engine:
+            pool = engine.scheduler.pool
+            if at == "admission":  # prefill chunks grow a request's pages through grow()
+                monkeypatch.setattr(pool, "grow", _raise_on_call(3, pool.grow, "grow"))
+            else:  # a decode crossing a page boundary takes one page straight from the allocator
+
+                def decode_alloc(n: int) -> Any:
+                    # The 3rd single-page allocation after admission: a decode's.
+                    decode_alloc.calls += 1  # type: ignore[attr-defined]
+                    if decode_alloc.calls == 3 + len(PROMPTS):  # type: ignore[attr-defined]
+                        raise MemoryError("injected allocator failure")
+                    return real_alloc(n)
+
+                real_alloc = pool.pages.alloc
+                decode_alloc.calls = 0  # type: ignore[attr-defined]
+                monkeypatch.setattr(pool.pages, "alloc", decode_alloc)
+            with anyio.fail_after(BOUND_S):
+                out = await complete_each(engine, PROMPTS)
+                await wait_ledger_free(engine)
+            after = await engine.complete(PROMPTS[0], PARAMS)  # the engine serves on
+        return out, engine, after
+
+    out, engine, after = anyio.run(run)
+    failed = [i for i, o in enumerate(out) if isinstance(o, Exception)]
+    assert len(failed) == 1, out
+    err = out[failed[0]]
+    assert isinstance(err, aserve.KVAllocationError) and "KV memory could not be allocated" in str(err), err
+    for i, o in enumerate(out):
+        if i not in failed:
+            assert o.token_ids == clean_tokens[i] and o.finish_reason == "length", i
+    assert after.token_ids == clean_tokens[0] and engine.failure is None
+    assert_nothing_left(engine)
+
+
+@pytest.mark.parametrize("at", ["admission", "decode"])
+def test_an_allocator_that_says_no_room_where_room_was_counted_delays_but_changes_nothing(
+    tiny_llama: tuple[Path, Any], clean_tokens: list[list[int]], at: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler counts free pages before it allocates; an allocator that refuses anyway
+    (a bookkeeping fault) used to trip an assert that killed the step loop. Now the request
+    being planned waits for a later step, and every request's tokens are unchanged."""
+
+    async def run() -> tuple[list[Any], aserve.Engine, int]:
+        engine = aserve.Engine(config(tiny_llama[0]))
+        async with engine:
+            pages = engine.scheduler.pool.pages
+            real = pages.alloc
+            calls = {"n": 0, "refused": 0}
+            first = 2 if at == "admission" else len(PROMPTS) + 2
+
+            def refusing(n: int) -> list[int] | None:
+                calls["n"] += 1
+                if first <= calls["n"] < first + 3:  # three refusals in a row
+                    calls["refused"] += 1
+                    return None
+                return real(n)
+
+            monkeypatch.setattr(pages, "alloc", refusing)
+            with anyio.fail_after(BOUND_S):
+                out = await complete_each(engine, PROMPTS)
+                await wait_ledger_free(engine)
+        return out, engine, calls["refused"]
+
+    out, engine, refused = anyio.run(run)
+    assert refused == 3
+    assert [o.token_ids for o in out] == clean_tokens
+    assert_nothing_left(engine)
+
+
+def test_a_lone_request_the_allocator_never_admits_ends_instead_of_hanging(
+    tiny_llama: tuple[Path, Any], clean_tokens: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nothing runs, so nothing will ever commit and wake the planner again: a request the
+    allocator keeps refusing used to wait forever. It ends with a typed error; the next runs."""
+
+    async def run() -> tuple[BaseException | None, Any, aserve.Engine]:
+        engine = aserve.Engine(config(tiny_llama[0]))
+        err = None
+        async with engine:
+            pages = engine.scheduler.pool.pages
+            with anyio.fail_after(BOUND_S):
+                with monkeypatch.context() as m:
+                    m.setattr(pages, "alloc", lambda n: None)
+                    try:
+                        await engine.complete(PROMPTS[0], PARAMS)
+                    except aserve.AserveError as exc:
+                        err = exc
+                after = await engine.complete(PROMPTS[0], PARAMS)
+        return err, after, engine
+
+    err, after, engine = anyio.run(run)
+    assert isinstance(err, aserve.KVAllocationError) and "no room" in str(err), err
+    assert after.token_ids == clean_tokens[0]
     assert_nothing_left(engine)
 
 
