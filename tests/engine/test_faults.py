@@ -314,3 +314,52 @@ def test_watchdog_timeout_defaults_to_300_s_and_0_turns_it_off() -> None:
     assert aserve.EngineConfig(watchdog_timeout=None).watchdog_s is None
     with pytest.raises(aserve.InvalidRequestError, match="watchdog_timeout"):
         aserve.EngineConfig(watchdog_timeout=-1)
+
+
+# -- 4. a consumer that never reads its stream ------------------------------------------------
+
+
+def test_an_unread_stream_blocks_nobody_and_holds_only_its_tokens(
+    tiny_llama: tuple[Path, Any], clean_tokens: list[list[int]]
+) -> None:
+    async def run() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        async with aserve.Engine(config(tiny_llama[0], stream_interval=1)) as engine:
+            with anyio.fail_after(BOUND_S):
+                unread = engine.open_stream(PROMPTS[0], PARAMS)  # never iterated until the end
+                one_chunk = engine.open_stream(PROMPTS[1], PARAMS)  # reads one delta, then stalls
+                first = await one_chunk.__anext__()
+                readers = await complete_each(engine, PROMPTS[2:])
+                seen["readers"] = [r.token_ids for r in readers]
+                # The stalled readers' requests ran to max_tokens meanwhile, and gave their KV back.
+                await wait_ledger_free(engine)
+                for s in (unread, one_chunk):
+                    req = s._reqs[0]
+                    cell = req.cell
+                    assert cell is not None
+                    assert req.finish_reason == "length" and len(req.output_ids) == PARAMS.max_tokens
+                    # What waits for the reader is its own tokens, nothing more.
+                    assert len(cell.token_ids) <= PARAMS.max_tokens and req.resources_freed
+                seen["stats"] = engine.stats()
+                ids: list[int] = []
+                async for d in unread:  # read late: everything is there, in order
+                    ids += d.token_ids
+                seen["unread"] = ids
+                seen["one_chunk_first"] = first.token_ids
+                await one_chunk.aclose()  # dropped unread: nothing to abort, nothing leaks
+                # A long request whose reader never reads and then closes the stream: aborted.
+                long = engine.open_stream(PROMPTS[0], aserve.SamplingParams(max_tokens=400, ignore_eos=True))
+                while not long._reqs[0].output_ids:
+                    await anyio.sleep(0.01)
+                await long.aclose()
+                await wait_ledger_free(engine)
+                seen["long"] = long._reqs[0].finish_reason
+            seen["counts"] = (engine.requests_finished, engine.requests_aborted)
+            seen["live"] = len(engine._loop.live)
+        return seen
+
+    seen = anyio.run(run)
+    assert seen["readers"] == clean_tokens[2:]
+    assert seen["unread"] == clean_tokens[0]
+    assert seen["one_chunk_first"] == clean_tokens[1][: len(seen["one_chunk_first"])]
+    assert seen["long"] == "abort" and seen["counts"] == (len(PROMPTS), 1) and seen["live"] == 0
