@@ -87,7 +87,16 @@ class Engine:
 
     async def start(self) -> None:
         """Load the model and start the step loop. Prefer ``async with``; a task group must be
-        entered and left by the same task, so call ``aclose`` from the task that called this."""
+        entered and left by the same task, so call ``aclose`` from the task that called this.
+        If starting fails (the warm-up meets a fault, say), what was started is closed first."""
+        try:
+            await self._start()
+        except BaseException:
+            # Not under a shielded scope: the step loop's task group must be left from its own scope.
+            await self.aclose()
+            raise
+
+    async def _start(self) -> None:
         cfg = self.config
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
@@ -159,10 +168,17 @@ class Engine:
         prompt = [bos if bos is not None else 0] * 4
         sampled = SamplingParams(max_tokens=2, temperature=0.8, top_k=40, top_p=0.9, min_p=0.01, seed=0,
                                  repetition_penalty=1.1, logprobs=1)  # fmt: skip
-        with phase("warming up"):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(self.complete, prompt, SamplingParams(max_tokens=2, temperature=0))
-                tg.start_soon(self.complete, prompt, sampled)
+        try:
+            with phase("warming up"):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(self.complete, prompt, SamplingParams(max_tokens=2, temperature=0))
+                    tg.start_soon(self.complete, prompt, sampled)
+        except BaseExceptionGroup as group:
+            # Both requests meet the same fault (the engine failed): report it once, plainly.
+            first = group.exceptions[0]
+            if isinstance(first, Exception) and all(type(e) is type(first) for e in group.exceptions):
+                raise first from None
+            raise
         self._recorder.stats.reset()
 
     async def aclose(self) -> None:

@@ -37,7 +37,7 @@ BOUND_S = 60  # generous: the CI machine is a loaded 2-core VM; what matters is 
 
 
 def config(path: Path, **kw: Any) -> aserve.EngineConfig:
-    return aserve.EngineConfig(model=str(path), debug=True, warmup=False, page_size=4, **kw)
+    return aserve.EngineConfig(**{"model": str(path), "debug": True, "warmup": False, "page_size": 4, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -306,6 +306,32 @@ def test_a_step_that_never_completes_trips_the_watchdog(
     for o in out[:-1]:
         assert isinstance(o, aserve.EngineFailedError) and "stalled" in str(o), o
     assert_nothing_left(engine)
+
+
+def test_a_stall_during_warm_up_fails_the_start_with_the_stall_error(
+    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The engine fails inside ``start`` (its warm-up requests): ``async with`` raises the
+    stall error itself, with the half-started engine closed; it used to raise "Attempted to
+    exit a cancel scope that isn't the current task's" and leave the step loop behind."""
+    from aserve.models.causal_lm import CausalLM
+
+    never = threading.Event()
+    real = CausalLM.forward
+    monkeypatch.setattr(CausalLM, "forward", lambda self, *args: never.wait() or real(self, *args))
+    engine = aserve.Engine(config(tiny_llama[0], watchdog_timeout=0.5, warmup=True))
+
+    async def run() -> None:
+        with anyio.fail_after(BOUND_S):
+            async with engine:
+                pass
+
+    try:
+        with pytest.raises(aserve.EngineFailedError, match="stalled"):
+            anyio.run(run)
+    finally:
+        never.set()
+    assert engine._closed and engine.ledger().all_free
 
 
 def test_watchdog_timeout_defaults_to_300_s_and_0_turns_it_off() -> None:
