@@ -12,6 +12,7 @@ import anyio
 
 from aserve.config import EngineConfig
 from aserve.engine import Engine
+from aserve.errors import AserveError
 from aserve.logs import get_logger
 from aserve.server.errors import RETRY_AFTER_S, APIError
 from aserve.server.limits import BodyLimits
@@ -43,6 +44,9 @@ class ServerState:
         self.draining = False
         self.active = 0  # admitted requests whose response has not finished
         self.load_error: BaseException | None = None
+        # The engine stopped after a fault while serving (also kept in load_error: the process
+        # exits non-zero with it); /health and new requests answer 503 until the process ends.
+        self.engine_failed: AserveError | None = None
         self.stop = anyio.Event()  # tells the engine task to close the engine
         self.stopped = anyio.Event()  # the engine task has ended (closed, or failed to load)
         self._idle = anyio.Event()  # replaced each time someone waits for active to reach 0
@@ -59,6 +63,8 @@ class ServerState:
         retry = {"Retry-After": RETRY_AFTER_S}
         if self.draining:
             raise APIError(503, "the server is shutting down", "engine_closed", headers=retry)
+        if self.engine_failed is not None:
+            raise APIError(503, str(self.engine_failed), self.engine_failed.error_type, headers=retry)
         if not self.ready or self.engine is None:
             raise APIError(503, "the model is still loading; retry shortly", "engine_loading", headers=retry)
         self.active += 1
@@ -94,8 +100,10 @@ class ServerState:
             if self.settings.core_address is not None:
                 await self._run_client(self.settings.core_address)
             else:
-                async with Engine(self.settings.config) as engine:
+                async with Engine(self.settings.config) as engine, anyio.create_task_group() as tg:
+                    tg.start_soon(self._watch_engine, engine, name="aserve.server.engine_watch")
                     await self._serve_with(engine)
+                    tg.cancel_scope.cancel()
         except Exception as exc:
             # Kept, not raised: raising here would tear down the lifespan with a traceback
             # where `aserve serve` wants to print one line and exit non-zero.
@@ -111,6 +119,13 @@ class ServerState:
         log.info("server_ready", model=self.settings.served_model_name, max_context=engine.max_context)
         await self.stop.wait()
         self.ready = False
+
+    async def _watch_engine(self, engine: Engine) -> None:
+        """A fault stops the engine for good: 503 at once, then the server exits non-zero."""
+        error = await engine.wait_failed()
+        self.ready = False
+        self.engine_failed = self.load_error = error
+        self.stop.set()
 
     async def _run_client(self, address: str) -> None:
         from aserve.ipc.client import EngineClient

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,14 +28,17 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *extra: str, log_path: Path) -> None:
+    """``python -m aserve serve *extra``; ``module`` runs another entry point instead (a
+    test-only launcher that plants a fault, say: ``("tests.server.fault_launcher", "stall")``)."""
+
+    def __init__(self, *extra: str, log_path: Path, module: Sequence[str] = ("aserve",)) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         cmd = [
             sys.executable,
             "-m",
-            "aserve",
+            *module,
             "serve",
             "--port",
             str(self.port),

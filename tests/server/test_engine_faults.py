@@ -1,0 +1,67 @@
+"""A real ``aserve serve`` whose engine dies while serving (issue 18): a fault in the model's
+forward, or a step that never completes (the watchdog). The request that met the fault and a
+stream in flight end with an OpenAI-style 503 ``engine_failed`` error, not a 500 or a hang;
+``/health`` and new requests answer 503 while the engine closes; the process then exits 1
+with one error line. The fault is planted by a test-only launcher
+(``tests/server/fault_launcher.py``) around the real CLI, Hypercorn and engine."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.server.fault_launcher import TRIGGER
+from tests.server.helpers import AUTH, ServerProcess, parse_sse
+
+NAME = "tiny"
+
+
+async def _stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[dict[str, Any]]:
+    body = {"model": NAME, "prompt": [1, 5, 6, 7], "max_tokens": 400, "stream": True, "ignore_eos": True}
+    raw = ""
+    async with http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
+        assert r.status_code == 200
+        async for chunk in r.aiter_text():
+            raw += chunk
+            started.set()
+    events, _ = parse_sse(raw)
+    return events
+
+
+@pytest.mark.parametrize("fault", ["forward", "stall"])
+async def test_a_dead_engine_answers_503_and_the_server_exits(
+    tiny_llama: tuple[Path, Any], tmp_path: Path, fault: str
+) -> None:
+    srv = ServerProcess("--model", str(tiny_llama[0]), "--served-model-name", NAME, "--watchdog-timeout", "10",
+                        log_path=tmp_path / "server.log", module=("tests.server.fault_launcher", fault))  # fmt: skip
+    try:
+        srv.wait_ready()
+        async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as http:
+            assert (await http.get("/health")).status_code == 200
+            started = asyncio.Event()
+            stream = asyncio.create_task(_stream(http, started))
+            await asyncio.wait_for(started.wait(), 60)
+            # The request whose prefill meets the fault.
+            r = await http.post("/v1/completions", headers=AUTH,
+                                json={"model": NAME, "prompt": [1, TRIGGER, TRIGGER, TRIGGER], "max_tokens": 4})  # fmt: skip
+            assert r.status_code == 503, r.text
+            err = r.json()["error"]
+            assert err["type"] == "engine_failed" and err["code"] == 503, err
+            assert ("stalled" if fault == "stall" else "injected fault") in err["message"], err
+            # The stream in flight ends with the same error, in band.
+            events = await asyncio.wait_for(stream, 60)
+            assert events[-1]["error"]["type"] == "engine_failed", events[-1]
+            # While the engine closes: 503 everywhere, saying why.
+            health = await http.get("/health")
+            assert health.status_code == 503 and health.json()["status"] == "failed", health.text
+            r = await http.post("/v1/completions", headers=AUTH, json={"model": NAME, "prompt": "hi", "max_tokens": 2})
+            assert r.status_code == 503 and r.json()["error"]["type"] == "engine_failed", r.text
+        # Then the process ends on its own, non-zero, with the reason on stderr.
+        assert await asyncio.to_thread(srv.proc.wait, 60) == 1
+        assert "error: the engine failed" in srv.log_tail(20000)
+    finally:
+        srv.stop()
