@@ -5,8 +5,8 @@ connections); the core binds a ZeroMQ ROUTER on an ``ipc://`` path in a private 
 This process supervises: a front end that dies (``kill -9``) has its requests aborted in the
 core and is replaced; SIGTERM/SIGINT is passed to every front end, each drains its own
 streams (``--shutdown-timeout``) and exits, then the core closes and this process exits 0.
-If the engine fails to load, or the core itself fails, the front ends are stopped and the
-exit status is 1. If this process is killed outright, the front ends notice the missing
+If the engine fails to load or stops after a fault while serving (``Engine.failure``), or the
+core itself fails, the front ends are stopped and the exit status is 1. If this process is killed outright, the front ends notice the missing
 heartbeat within seconds, answer 503 meanwhile, and exit non-zero.
 """
 
@@ -116,6 +116,7 @@ async def serve_with_front_ends(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled.set)
     code = 0
+    failure: BaseException | None = None
     try:
         for i in range(workers):  # they load their tokenizers while the core loads the model
             spawn(i)
@@ -123,7 +124,7 @@ async def serve_with_front_ends(
                  auth=api_key is not None)  # fmt: skip
         async with Engine(config) as engine, CoreService(engine, spec.core_address, workers).running() as core:
             log.info("core_ready", address=spec.core_address)
-            while not signalled.is_set():
+            while not signalled.is_set() and engine.failure is None:
                 with anyio.move_on_after(0.2):
                     await signalled.wait()
                 for i, p in list(procs.items()):
@@ -132,8 +133,14 @@ async def serve_with_front_ends(
                         core.drop(f"fe-{p.pid}".encode())
                         _mark_dead(p)
                         spawn(i)
-            log.info("shutdown_requested", api_workers=len(procs))
-            code = await _stop_front_ends(procs, shutdown_timeout + 15)
+            failure = engine.failure
+            if failure is None:
+                log.info("shutdown_requested", api_workers=len(procs))
+                code = await _stop_front_ends(procs, shutdown_timeout + 15)
+        if failure is not None:
+            # Fatal (a device fault, a stall): the front ends lost the core and answer 503
+            # while they stop; the process exits 1, as when the engine fails to load.
+            raise failure
     except Exception as exc:
         log.error("engine_failed", error=str(exc))
         print(f"error: {exc}", file=sys.stderr)

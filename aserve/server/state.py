@@ -137,6 +137,8 @@ class ServerState:
             await client.dead.wait()
             self.ready = False  # 503 at once, before the drain ends the process
             self.load_error = client.broken
+            if isinstance(client.broken, AserveError):
+                self.engine_failed = client.broken
             self.stop.set()
 
         async with client, anyio.create_task_group() as tg:

@@ -32,12 +32,19 @@ async def _stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[dict[
     return events
 
 
-@pytest.mark.parametrize("fault", ["forward", "stall"])
+@pytest.mark.parametrize(
+    ("fault", "api_workers"), [("forward", "0"), ("stall", "0"), ("forward", "2")],
+    ids=["forward", "stall", "forward-api-workers-2"],
+)  # fmt: skip
 async def test_a_dead_engine_answers_503_and_the_server_exits(
-    tiny_llama: tuple[Path, Any], tmp_path: Path, fault: str
+    tiny_llama: tuple[Path, Any], tmp_path: Path, fault: str, api_workers: str
 ) -> None:
+    """With front-end processes (the default on CUDA) the engine core's process exits on the
+    fault, which takes the front ends down: they answer 503 or stop listening meanwhile."""
+    one_process = api_workers == "0"
     srv = ServerProcess("--model", str(tiny_llama[0]), "--served-model-name", NAME, "--watchdog-timeout", "10",
-                        log_path=tmp_path / "server.log", module=("tests.server.fault_launcher", fault))  # fmt: skip
+                        "--api-workers", api_workers, log_path=tmp_path / "server.log",
+                        module=("tests.server.fault_launcher", fault))  # fmt: skip
     try:
         srv.wait_ready()
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=60) as http:
@@ -55,11 +62,13 @@ async def test_a_dead_engine_answers_503_and_the_server_exits(
             # The stream in flight ends with the same error, in band.
             events = await asyncio.wait_for(stream, 60)
             assert events[-1]["error"]["type"] == "engine_failed", events[-1]
-            # While the engine closes: 503 everywhere, saying why.
-            health = await http.get("/health")
-            assert health.status_code == 503 and health.json()["status"] == "failed", health.text
-            r = await http.post("/v1/completions", headers=AUTH, json={"model": NAME, "prompt": "hi", "max_tokens": 2})
-            assert r.status_code == 503 and r.json()["error"]["type"] == "engine_failed", r.text
+            if one_process:
+                # While the engine closes: 503 everywhere, saying why.
+                health = await http.get("/health")
+                assert health.status_code == 503 and health.json()["status"] == "failed", health.text
+                r = await http.post("/v1/completions", headers=AUTH,
+                                    json={"model": NAME, "prompt": "hi", "max_tokens": 2})  # fmt: skip
+                assert r.status_code == 503 and r.json()["error"]["type"] == "engine_failed", r.text
         # Then the process ends on its own, non-zero, with the reason on stderr.
         assert await asyncio.to_thread(srv.proc.wait, 60) == 1
         assert "error: the engine failed" in srv.log_tail(20000)
