@@ -232,7 +232,9 @@ class Engine:
         parts.model.to("meta")  # parameters and buffers: storage-less from here on
         if parts.device.type == "cuda":
             gc.collect()  # steps and graphs caught in reference cycles hold device tensors
-            torch.cuda.empty_cache()
+            # cudaFree waits for the device: after a stall it might never return.
+            if not (hasattr(self, "_loop") and self._loop.stalled):
+                torch.cuda.empty_cache()
 
     @property
     def _recorder_trace(self) -> TraceWriter | None:
