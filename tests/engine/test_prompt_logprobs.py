@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 import torch
 
 import aserve
@@ -22,7 +23,13 @@ def _reference(hf: Any, prompt: list[int], k: int) -> list[tuple[float, list[int
     return [(float(lsm[j - 1, prompt[j]]), lsm[j - 1].topk(k).indices.tolist()) for j in range(1, len(prompt))]
 
 
-def test_prompt_logprobs_match_transformers(tiny_gemma: tuple[Path, Any]) -> None:
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                  reason="needs CUDA")])]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_prompt_logprobs_match_transformers(tiny_gemma: tuple[Path, Any], device: str) -> None:
+    """On CUDA (float32, the Triton kernels and decode graphs) as on the CPU."""
     path, hf = tiny_gemma
     rng = random.Random(0)
     prompts = [[1] + [rng.randrange(3, 384) for _ in range(n)] for n in (40, 9, 0)]
@@ -31,7 +38,8 @@ def test_prompt_logprobs_match_transformers(tiny_gemma: tuple[Path, Any]) -> Non
 
     async def run() -> list[aserve.CompletionResult]:
         # 16 tokens per step: the 41-token prompt is prefilled in three chunks.
-        async with aserve.Engine(model=str(path), warmup=False, debug=True, max_num_batched_tokens=16) as engine:
+        async with aserve.Engine(model=str(path), device=device, dtype="float32", warmup=False, debug=True,
+                                 max_num_batched_tokens=16) as engine:  # fmt: skip
             # The first request leaves the long prompt's prefix in the cache; the second must
             # not read it (a cached page has no logits) and still match.
             plain = await engine.complete(prompts[0], aserve.SamplingParams(max_tokens=2, temperature=0))

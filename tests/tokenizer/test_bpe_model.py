@@ -56,7 +56,7 @@ def test_engine_greedy_and_text_match_transformers(qwen: tuple[Path, Any, Any]) 
     params = aserve.SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True, skip_special_tokens=False)
 
     async def run() -> tuple[list[aserve.CompletionResult], dict[str, Any], list[str]]:
-        async with aserve.Engine(model=str(root), warmup=False) as engine:
+        async with aserve.Engine(model=str(root), device="cpu", warmup=False) as engine:  # the reference's device
             results = [await engine.complete(p, params) for p in PROMPTS]
             streamed = []
             for p in PROMPTS:
