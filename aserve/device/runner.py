@@ -234,7 +234,9 @@ class ModelRunner:
             for name in _OUTPUTS:
                 t = getattr(out, name)
                 if t is not None:
-                    buf = self.out_staging.buffer(index, t.dtype, t.numel()).view(t.shape)
+                    # One buffer per output: token_ids and top_ids (both int64) shared one
+                    # before, and the later copy overwrote the sampled tokens.
+                    buf = self.out_staging.buffer(index, t.dtype, t.numel(), name).view(t.shape)
                     buf.copy_(t, non_blocking=True)
                     bufs[name] = buf
             copied = cuda_record(self.copy_stream, self.cuda_waiter, f"step{index}.copied")

@@ -19,13 +19,15 @@ class PinnedStaging:
     def __init__(self, num_slots: int, pin: bool) -> None:
         self.num_slots = num_slots
         self.pin = pin
-        self._bufs: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+        self._bufs: dict[tuple[int, torch.dtype, str], torch.Tensor] = {}
 
     def clear(self) -> None:
         self._bufs.clear()
 
-    def buffer(self, slot: int, dtype: torch.dtype, numel: int) -> torch.Tensor:
-        key = (slot % self.num_slots, dtype)
+    def buffer(self, slot: int, dtype: torch.dtype, numel: int, name: str = "") -> torch.Tensor:
+        """Pinned memory for ``numel`` values in ``slot``; one buffer per (dtype, name), so two
+        tensors of one step in flight at once must use different names."""
+        key = (slot % self.num_slots, dtype, name)
         buf = self._bufs.get(key)
         if buf is None or buf.numel() < numel:
             size = max(numel, 2 * (0 if buf is None else buf.numel()), 1024)

@@ -47,7 +47,6 @@ class _Strict(_Request):
     # OpenAI's fields that aserve does not implement: accepted only at a value that means
     # "off" (OpenAI's default), refused with 400 naming the field otherwise.
     _unimplemented: ClassVar[dict[str, tuple[Any, ...]]] = {}
-    _passes_through: ClassVar[bool] = False  # PASSED_THROUGH fields are accepted as they are
 
     @classmethod
     def parse(cls, body: Any) -> Self:
@@ -61,8 +60,6 @@ class _Strict(_Request):
     def _check_fields(cls, body: dict[str, Any]) -> None:
         for name, value in body.items():
             if name in cls.model_fields:
-                continue
-            if cls._passes_through and name in PASSED_THROUGH:
                 continue
             if name.startswith("guided_"):
                 raise InvalidRequestError(
@@ -119,7 +116,6 @@ class StructuredOutputsField(_Request):
 class _SamplingFields(_Strict):
     """Options shared by completions and chat completions."""
 
-    _passes_through: ClassVar[bool] = True
     _unimplemented: ClassVar[dict[str, tuple[Any, ...]]] = {
         "service_tier": (None, "auto", "default"),
         "store": (None, False),
@@ -211,9 +207,6 @@ def _defaults(allowed: tuple[Any, ...]) -> str:
     return " or ".join("null" if v is None else json.dumps(v) for v in allowed)
 
 
-# Fields another part of aserve owns (tool calls): accepted as they are.
-PASSED_THROUGH = frozenset({"tools", "tool_choice"})
-
 # aserve's documented extensions to OpenAI's request schemas (vLLM's names and meanings).
 EXTENSIONS = frozenset(
     {
@@ -290,7 +283,18 @@ class ChatCompletionRequest(_SamplingFields):
         if body.get("parallel_tool_calls") is not None and body.get("tools") is None:
             # OpenAI refuses it without tools too; with tools, it belongs to tool calling.
             raise InvalidRequestError("parallel_tool_calls is only allowed with tools", param="parallel_tool_calls")
-        super()._check_fields({k: v for k, v in body.items() if k != "parallel_tool_calls"})
+        if body.get("tools") and body.get("tool_choice", "auto") != "none":
+            # Tool calling (rendering tools into the prompt, parsing calls out of the output) is
+            # not built yet: a client offering tools gets a 400, not a reply that ignores them.
+            raise InvalidRequestError(
+                'tool calling is not supported by this server yet; leave tools out or send tool_choice "none"',
+                param="tools",
+            )
+        if body.get("tool_choice") not in (None, "none", "auto"):
+            raise InvalidRequestError("tool_choice needs tool calling, which this server does not support yet",
+                                      param="tool_choice")  # fmt: skip
+        skip = ("parallel_tool_calls", "tools", "tool_choice")
+        super()._check_fields({k: v for k, v in body.items() if k not in skip})
 
     def sampling_params(self) -> SamplingParams:
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -128,3 +128,22 @@ def test_defaults_are_the_fast_path_and_overlap_matches_serial(tiny_gemma: tuple
     serial = anyio.run(run, False)
     assert anyio.run(run, True) == serial  # the default on CUDA: depth 3, two steps queued ahead
     assert anyio.run(run, True, 2) == serial  # SGLang's depth: one step ahead
+
+
+def test_logprobs_do_not_change_the_sampled_tokens_on_cuda(tiny_gemma: tuple[Path, Any]) -> None:
+    """Seeded sampled requests give the same tokens with and without top logprobs. The D2H staging once gave the sampled ids and
+    the top ids (both int64) one buffer, so the top ids' copy overwrote the tokens."""
+    path, _ = tiny_gemma
+    prompts = _prompts(6, seed=7)
+
+    async def run(logprobs: int | None) -> list[aserve.CompletionResult]:
+        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", max_context=256) as engine:
+            params = [aserve.SamplingParams(max_tokens=12, temperature=0.9, seed=i, ignore_eos=True,
+                                            logprobs=logprobs) for i in range(len(prompts))]  # fmt: skip
+            return [await engine.complete(p, sp) for p, sp in zip(prompts, params, strict=True)]
+
+    plain = anyio.run(run, None)
+    with_top = anyio.run(run, 3)
+    for a, b in zip(plain, with_top, strict=True):
+        assert a.token_ids == b.token_ids
+        assert b.logprobs is not None and len(b.logprobs) == len(b.token_ids)
