@@ -20,6 +20,9 @@ from aserve.attention.metadata import build_metadata  # noqa: E402
 from aserve.attention.reference import paged_attention  # noqa: E402
 from aserve.attention.triton_paged import paged_attention_triton  # noqa: E402
 
+# Triton's CPU interpreter runs these slowly on a CPU (quick set: `pytest`; these: `pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 

@@ -13,6 +13,9 @@ pytest.importorskip("triton")
 from aserve.kernels.fused import gated, rmsnorm, rotary
 from aserve.models.layers import RMSNorm, Rotary, apply_rotary
 
+# Triton's CPU interpreter runs these slowly on a CPU (quick set: `pytest`; these: `pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.bfloat16] if DEVICE == "cuda" else [torch.float32]
 

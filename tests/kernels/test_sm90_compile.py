@@ -13,6 +13,9 @@ from pathlib import Path
 
 import pytest
 
+# Triton's CPU interpreter runs these slowly on a CPU (quick set: `pytest`; these: `pytest -m slow`).
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("triton")
 
 ROOT = Path(__file__).resolve().parents[2]
