@@ -72,3 +72,19 @@ async def complete_all(
         for i in range(len(prompts)):
             tg.start_soon(one, i)
     return [out[i] for i in range(len(prompts))]
+
+
+async def complete_each(engine: aserve.Engine, prompts: list[list[int]], params: aserve.SamplingParams) -> list[Any]:
+    """Each prompt's result, or the exception it raised (anything but cancellation), all at once."""
+    out: list[Any] = [None] * len(prompts)
+
+    async def one(i: int) -> None:
+        try:
+            out[i] = await engine.complete(prompts[i], params)
+        except Exception as exc:
+            out[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(one, i)
+    return out

@@ -29,6 +29,7 @@ import anyio
 import pytest
 
 import aserve
+from tests.workload import complete_each as each
 
 # Distinct prompt lengths, so requests cross KV page boundaries (page_size 4) at different steps.
 PROMPTS = [[1, *range(5 + i, 5 + i + 2 + i)] for i in range(5)]
@@ -52,19 +53,7 @@ def clean_tokens(tiny_llama: tuple[Path, Any]) -> list[list[int]]:
 
 
 async def complete_each(engine: aserve.Engine, prompts: list[list[int]]) -> list[Any]:
-    """Each prompt's result, or the exception it raised (anything but cancellation)."""
-    out: list[Any] = [None] * len(prompts)
-
-    async def one(i: int) -> None:
-        try:
-            out[i] = await engine.complete(prompts[i], PARAMS)
-        except Exception as exc:
-            out[i] = exc
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(prompts)):
-            tg.start_soon(one, i)
-    return out
+    return await each(engine, prompts, PARAMS)
 
 
 async def stream_each(engine: aserve.Engine, prompt: list[int]) -> Any:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import aserve
-from tests.workload import complete_all
+from tests.workload import complete_all, complete_each
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -35,18 +35,7 @@ def _triggered(input_ids: torch.Tensor) -> bool:
 
 
 async def _each(engine: aserve.Engine, prompts: list[list[int]], params: aserve.SamplingParams = PARAMS) -> list[Any]:
-    out: list[Any] = [None] * len(prompts)
-
-    async def one(i: int) -> None:
-        try:
-            out[i] = await engine.complete(prompts[i], params)
-        except Exception as exc:
-            out[i] = exc
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(prompts)):
-            tg.start_soon(one, i)
-    return out
+    return await complete_each(engine, prompts, params)
 
 
 def _assert_nothing_left(engine: aserve.Engine) -> None:

@@ -118,3 +118,15 @@ def running_server(*extra: str, log_dir: Path) -> Iterator[ServerProcess]:
         yield srv
     finally:
         srv.stop()
+
+
+async def stream_completion(http: Any, body: dict[str, Any], started: Any) -> tuple[list[dict[str, Any]], bool]:
+    """POST a streaming /v1/completions (status 200 asserted), set ``started`` at the first
+    chunk, and return ``parse_sse`` of the whole body."""
+    raw = ""
+    async with http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
+        assert r.status_code == 200
+        async for chunk in r.aiter_text():
+            raw += chunk
+            started.set()
+    return parse_sse(raw)

@@ -15,20 +15,14 @@ import httpx
 import pytest
 
 from tests.server.fault_launcher import TRIGGER
-from tests.server.helpers import AUTH, ServerProcess, parse_sse
+from tests.server.helpers import AUTH, ServerProcess, stream_completion
 
 NAME = "tiny"
 
 
 async def _stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[dict[str, Any]]:
     body = {"model": NAME, "prompt": [1, 5, 6, 7], "max_tokens": 400, "stream": True, "ignore_eos": True}
-    raw = ""
-    async with http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
-        assert r.status_code == 200
-        async for chunk in r.aiter_text():
-            raw += chunk
-            started.set()
-    events, _ = parse_sse(raw)
+    events, _ = await stream_completion(http, body, started)
     return events
 
 

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess, parse_sse, running_server
+from tests.server.helpers import AUTH, MODEL, ServerProcess, parse_sse, running_server
 
 pytestmark = pytest.mark.slow
 KEEPALIVE_S = 0.3
@@ -26,18 +25,6 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     with running_server("--api-workers", request.param, "--sse-keepalive", str(KEEPALIVE_S),
                         log_dir=tmp_path_factory.mktemp("srv")) as srv:  # fmt: skip
         yield srv
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_gguf: Path) -> Any:
-    from aserve.tokenizer.tokenizer import tokenizer_from_gguf
-
-    return tokenizer_from_gguf(default_gguf)
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
 def _cmpl(**kw: Any) -> tuple[str, dict[str, Any]]:

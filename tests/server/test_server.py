@@ -10,14 +10,13 @@ import asyncio
 import json
 import random
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess, metric, parse_sse, running_server
+from tests.server.helpers import AUTH, MODEL, ServerProcess, metric, parse_sse, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -29,18 +28,6 @@ def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     with running_server("--max-body-bytes", "65536", "--api-workers", request.param,
                         log_dir=tmp_path_factory.mktemp("srv")) as srv:  # fmt: skip
         yield srv
-
-
-@pytest.fixture(scope="module")
-def tokenizer(default_gguf: Path) -> Any:
-    from aserve.tokenizer.tokenizer import tokenizer_from_gguf
-
-    return tokenizer_from_gguf(default_gguf)
-
-
-@pytest.fixture(scope="module")
-def client(server: ServerProcess) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0, timeout=60)
 
 
 def test_health_models_openapi(server: ServerProcess) -> None:

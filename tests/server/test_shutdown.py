@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.helpers import AUTH, MODEL, ServerProcess, parse_sse
+from tests.server.helpers import AUTH, MODEL, ServerProcess, stream_completion
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +24,7 @@ async def _stream(http: httpx.AsyncClient, max_tokens: int, started: asyncio.Eve
         "ignore_eos": True,
         "temperature": 0,
     }
-    raw = ""
-    async with http.stream("POST", "/v1/completions", json=body, headers=AUTH) as r:
-        assert r.status_code == 200
-        async for chunk in r.aiter_text():
-            raw += chunk
-            started.set()
-    return parse_sse(raw)
+    return await stream_completion(http, body, started)
 
 
 @pytest.mark.parametrize("api_workers", ["0", "2"], ids=["one-process", "api-workers-2"])
