@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from aserve.errors import InvalidRequestError
 from aserve.sampling_params import SamplingParams, StructuredOutputs
+from aserve.server.tools import ToolUse, tool_use
 
 # Without a max_tokens the OpenAI API generates to the end of the context; a server that
 # did that on every bare request would be trivially overloaded, so default to a modest cap.
@@ -258,6 +259,8 @@ class ChatMessage(_Request):
     role: Literal["system", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls (OpenAI's shape)
+    tool_call_id: str | None = None  # a tool turn: which call this is the result of
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -265,6 +268,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: StrictInt | None = _documented(minimum=1)
     logprobs: StrictBool | None = False
     top_logprobs: StrictInt | None = _documented(minimum=0, maximum=20)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     _unimplemented: ClassVar[dict[str, tuple[Any, ...]]] = {
         **_SamplingFields._unimplemented,
@@ -283,18 +289,11 @@ class ChatCompletionRequest(_SamplingFields):
         if body.get("parallel_tool_calls") is not None and body.get("tools") is None:
             # OpenAI refuses it without tools too; with tools, it belongs to tool calling.
             raise InvalidRequestError("parallel_tool_calls is only allowed with tools", param="parallel_tool_calls")
-        if body.get("tools") and body.get("tool_choice", "auto") != "none":
-            # Tool calling (rendering tools into the prompt, parsing calls out of the output) is
-            # not built yet: a client offering tools gets a 400, not a reply that ignores them.
-            raise InvalidRequestError(
-                'tool calling is not supported by this server yet; leave tools out or send tool_choice "none"',
-                param="tools",
-            )
-        if body.get("tool_choice") not in (None, "none", "auto"):
-            raise InvalidRequestError("tool_choice needs tool calling, which this server does not support yet",
-                                      param="tool_choice")  # fmt: skip
-        skip = ("parallel_tool_calls", "tools", "tool_choice")
-        super()._check_fields({k: v for k, v in body.items() if k not in skip})
+        super()._check_fields(body)
+
+    def tool_use(self) -> ToolUse | None:
+        """The tools a reply may call (checked), or None (no tools, or tool_choice "none")."""
+        return tool_use(self.tools, self.tool_choice, self.parallel_tool_calls)
 
     def sampling_params(self) -> SamplingParams:
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -303,7 +302,18 @@ class ChatCompletionRequest(_SamplingFields):
         if top is not None and not self.logprobs:
             # OpenAI insists on logprobs=true here; say so instead of silently dropping it.
             raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
-        return self._params(limit, logprobs)
+        params = self._params(limit, logprobs)
+        use = self.tool_use()
+        constraint = None if use is None else use.constraint()
+        if constraint is not None:
+            # "required" or a named function: the grammar engine makes the output a valid call.
+            if params.structured_outputs is not None:
+                raise InvalidRequestError(
+                    "tool_choice required or a named function cannot be combined with response_format "
+                    "or structured_outputs", param="tool_choice",
+                )  # fmt: skip
+            params = params.with_updates(structured_outputs=constraint)
+        return params
 
     def message_dicts(self) -> list[dict[str, Any]]:
         return [m.model_dump(exclude_none=True) for m in self.messages]
@@ -392,11 +402,13 @@ class ChatLogprobs(BaseModel):
 class ResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChoice(BaseModel):

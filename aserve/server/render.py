@@ -19,6 +19,7 @@ from aserve.server.protocol import (
     TopLogprob,
     UsageInfo,
 )
+from aserve.server.tools import ToolUse
 from aserve.tokenizer.tokenizer import Tokenizer
 
 
@@ -117,15 +118,14 @@ def completion_response(
 
 
 def chat_response(
-    tok: Tokenizer, rid: str, model: str, result: CompletionResult, want_logprobs: bool
+    tok: Tokenizer, rid: str, model: str, result: CompletionResult, want_logprobs: bool, tools: ToolUse | None = None
 ) -> ChatCompletionResponse:
-    choices = [
-        ChatChoice(
-            index=o.index,
-            message=ResponseMessage(content=o.text),
-            logprobs=chat_logprobs(tok, o.logprobs or ()) if want_logprobs else None,
-            finish_reason=o.finish_reason,
-        )
-        for o in result.outputs
-    ]
+    choices = []
+    for o in result.outputs:
+        message, finish = ResponseMessage(content=o.text), str(o.finish_reason) if o.finish_reason else None
+        calls = tools.parse(o.text) if tools is not None and finish == "stop" else None
+        if calls:
+            message, finish = ResponseMessage(content=None, tool_calls=[c.as_dict() for c in calls]), "tool_calls"
+        lps = chat_logprobs(tok, o.logprobs or ()) if want_logprobs else None
+        choices.append(ChatChoice(index=o.index, message=message, logprobs=lps, finish_reason=finish))
     return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_info(result.usage))

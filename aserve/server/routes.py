@@ -52,6 +52,7 @@ from aserve.server.render import (
 )
 from aserve.server.sse import SSEResponse, stream_events
 from aserve.server.state import ServerState
+from aserve.server.tools import ToolUse, messages_for
 from aserve.tokenizer.chat import apply_chat_template
 from aserve.tokenizer.tokenizer import Tokenizer
 
@@ -218,8 +219,14 @@ class _CompletionChunks:
 
 
 class _ChatChunks:
-    def __init__(self, tok: Tokenizer, rid: str, model: str, n: int, want_logprobs: bool) -> None:
+    def __init__(
+        self, tok: Tokenizer, rid: str, model: str, n: int, want_logprobs: bool, tools: ToolUse | None = None
+    ) -> None:
         self.tok, self.rid, self.model, self.n, self.want_logprobs = tok, rid, model, n, want_logprobs
+        self.tools = tools
+        # With tools, a choice's text is held until it ends: only then is it known to be a
+        # call (sent as one tool_calls delta) or content (sent as one content delta).
+        self.held: dict[int, list[str]] = {}
 
     def _chunk(self, choices: list[ChatChunkChoice], **kw: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.rid, model=self.model, choices=choices, **kw)
@@ -231,10 +238,22 @@ class _ChatChunks:
             for i in range(self.n)
         ]
 
-    def delta(self, d: Delta) -> BaseModel:
+    def delta(self, d: Delta) -> BaseModel | None:
         lps = chat_logprobs(self.tok, d.logprobs or ()) if self.want_logprobs else None
         msg = DeltaMessage(content=d.text)
-        return self._chunk([ChatChunkChoice(index=d.index, delta=msg, logprobs=lps, finish_reason=d.finish_reason)])
+        finish: str | None = d.finish_reason
+        if self.tools is not None:
+            held = self.held.setdefault(d.index, [])
+            held.append(d.text)
+            if finish is None:
+                return None
+            text = "".join(self.held.pop(d.index))
+            calls = self.tools.parse(text) if finish == "stop" else None
+            if calls:
+                msg, finish = DeltaMessage(tool_calls=[c.as_dict(i) for i, c in enumerate(calls)]), "tool_calls"
+            else:
+                msg = DeltaMessage(content=text)
+        return self._chunk([ChatChunkChoice(index=d.index, delta=msg, logprobs=lps, finish_reason=finish)])
 
     def usage(self, usage: Usage) -> BaseModel:
         return self._chunk([], usage=usage_info(usage))
@@ -254,6 +273,7 @@ async def _generate(
     try:
         tok = engine.tokenizer
         params: SamplingParams = req.sampling_params()
+        tools = req.tool_use() if isinstance(req, ChatCompletionRequest) else None
         prompts = prompts_of(tok)
         if len(prompts) * params.n > MAX_CHOICES:
             raise InvalidRequestError(
@@ -278,7 +298,7 @@ async def _generate(
             timer.admitted(prompt_tokens)
             echo = _echo(tok, prompts, params.n) if echoes else None
             maker = (
-                _ChatChunks(tok, rid, req.model, params.n, want_lps)
+                _ChatChunks(tok, rid, req.model, params.n, want_lps, tools)
                 if endpoint == "chat"
                 else _CompletionChunks(tok, rid, req.model, want_lps, echo)
             )
@@ -301,7 +321,7 @@ async def _generate(
         timer.observe_result(result.metrics, result.usage.completion_tokens)
         timer.finish("success")
         if endpoint == "chat":
-            doc: BaseModel = chat_response(tok, rid, req.model, result, want_lps)
+            doc: BaseModel = chat_response(tok, rid, req.model, result, want_lps, tools)
         else:
             echo = _echo(tok, prompts, params.n) if echoes else None
             doc = completion_response(tok, rid, req.model, result, want_lps, echo)
@@ -348,8 +368,11 @@ async def chat_completions(request: Request) -> Response:
     req = ChatCompletionRequest.parse(await _read_json(request, _server(request).settings.body))
 
     def prompts_of(tok: Tokenizer) -> list[_Prompt]:
+        use = req.tool_use()
+        takes_tools = tok.chat_template is not None and "tools" in tok.chat_template
+        messages = messages_for(req.message_dicts(), use, takes_tools)
         # The template already starts with BOS; encoding must not add a second one.
-        text = apply_chat_template(tok, req.message_dicts())
+        text = apply_chat_template(tok, messages, tools=use.tool_dicts() if use is not None and takes_tools else None)
         return [_Prompt(tok.encode(text, add_special_tokens=False), text)]
 
     return await _generate(request, "chat", req, prompts_of)

@@ -54,7 +54,7 @@ class ChunkMaker(Protocol):
 
     def opening(self) -> list[BaseModel]: ...
 
-    def delta(self, delta: Delta) -> BaseModel: ...
+    def delta(self, delta: Delta) -> BaseModel | None: ...  # None: nothing to send yet
 
     def usage(self, usage: Usage) -> BaseModel: ...
 
@@ -72,8 +72,8 @@ async def stream_events(
     completion_tokens = 0
     outcome = "abort"  # what remains if we are cancelled (the client left)
     try:
-        for chunk in maker.opening():
-            yield event(chunk)
+        for opening in maker.opening():
+            yield event(opening)
         while True:
             while not await deltas.wait_output(keepalive_s):
                 yield KEEPALIVE
@@ -89,7 +89,9 @@ async def stream_events(
                 return
             completion_tokens += len(delta.token_ids)
             timer.on_tokens(len(delta.token_ids), streamed=True)
-            yield event(maker.delta(delta))
+            chunk = maker.delta(delta)
+            if chunk is not None:
+                yield event(chunk)
         if include_usage:
             yield event(maker.usage(Usage(prompt_tokens, completion_tokens, cached_tokens())))
         outcome = "success"

@@ -65,8 +65,17 @@ REFUSED: list[tuple[str, tuple[str, dict[str, Any]], int, str]] = [
     ("bad token id in a list", _cmpl(prompt=[[1, 2], [1, 10**9]]), 400, "prompt"),
     ("too many choices", _cmpl(prompt=["a"] * 65, n=2), 400, "prompt"),
     ("vLLM's older guided_* spelling", _chat(guided_choice=["a", "b"]), 400, "guided_choice"),
-    ("tools (tool calling not built)", _chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools"),
-    ("tool_choice required", _chat(tool_choice="required"), 400, "tool_choice"),
+    ("a tool without a name", _chat(tools=[{"type": "function", "function": {}}]), 400, "tools"),
+    ("tool_choice without tools", _chat(tool_choice="required"), 400, "tool_choice"),
+    (
+        "tool_choice naming a function not offered",
+        _chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": "g"}},
+        ),
+        400,
+        "tool_choice",
+    ),
 ]
 
 # OpenAI's defaults of fields aserve does not implement, the other engineer's pass-through

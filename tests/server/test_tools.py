@@ -1,0 +1,143 @@
+"""Tool calling through the official openai client against a real `aserve serve` (default
+model, whose template takes no tools: aserve's instruction and JSON format). ``required`` and a
+named function are enforced by the grammar engine, so the 270M model's arguments validate
+against each function's schema (jsonschema is the judge); ``auto`` may answer either way."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from aserve.server.tools import ToolUse, tool_use
+from tests.server.helpers import MODEL, ServerProcess, running_server
+
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 20}, "unit": {"enum": ["C", "F"]}},
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+ADD = {
+    "type": "object",
+    "properties": {"a": {"type": "integer", "minimum": -99, "maximum": 99}, "b": {"type": "integer", "minimum": -99,
+                                                                             "maximum": 99}},
+    "required": ["a", "b"],
+    "additionalProperties": False,
+}  # fmt: skip
+TOOLS: Any = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather in a city", "parameters": WEATHER},
+    },
+    {"type": "function", "function": {"name": "add", "description": "Add two integers", "parameters": ADD}},
+]
+SCHEMAS = {"get_weather": WEATHER, "add": ADD}
+ASK: Any = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def _valid(name: str, arguments: str) -> None:
+    jsonschema.validate(json.loads(arguments), SCHEMAS[name])
+
+
+# -- parsing, without a server ---------------------------------------------------------------
+
+
+def _use(choice: str = "auto") -> ToolUse:
+    use = tool_use(TOOLS, choice, None)
+    assert use is not None
+    return use
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"name": "add", "arguments": {"a": 1, "b": 2}}',
+        '  ```json\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n```',
+        '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
+        '{"name": "add", "parameters": {"a": 1, "b": 2}}',  # Llama 3's JSON format
+        '[{"name": "add", "arguments": "{\\"a\\": 1, \\"b\\": 2}"}]',
+    ],
+)
+def test_calls_parse_from_the_formats_models_use(text: str) -> None:
+    calls = _use().parse(text)
+    assert calls is not None and [c.name for c in calls] == ["add"]
+    assert json.loads(calls[0].arguments) == {"a": 1, "b": 2} and calls[0].id.startswith("call_")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["The weather is fine.", '{"name": "unknown", "arguments": {}}', '{"name": "add", "arguments": 3}', "[]", ""],
+)
+def test_text_that_is_not_a_call_of_an_offered_function_is_content(text: str) -> None:
+    assert _use().parse(text) is None
+
+
+def test_required_and_named_choices_constrain_the_output_to_a_call() -> None:
+    required = _use("required").schema()
+    assert required is not None and required["type"] == "array" and required["minItems"] == 1
+    named = tool_use(TOOLS, {"type": "function", "function": {"name": "add"}}, False)
+    assert named is not None and named.schema() == {
+        "type": "object", "properties": {"name": {"const": "add"}, "arguments": ADD},
+        "required": ["name", "arguments"], "additionalProperties": False,
+    }  # fmt: skip
+    assert _use("auto").schema() is None and tool_use(TOOLS, "none", None) is None
+
+
+# -- through the server ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    with running_server(log_dir=tmp_path_factory.mktemp("srv")) as srv:
+        yield srv
+
+
+@pytest.mark.slow
+def test_required_tool_calls_validate_streamed_and_not(client: openai.OpenAI) -> None:
+    for seed in range(3):
+        # One call per reply (parallel_tool_calls false): with a list allowed, the small model
+        # tends to keep adding calls until max_tokens.
+        kw: Any = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "required",
+                   "parallel_tool_calls": False, "max_tokens": 120, "temperature": 0.8, "seed": seed}  # fmt: skip
+        full = client.chat.completions.create(**kw)
+        choice = full.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        calls = choice.message.tool_calls or []
+        assert len(calls) == 1 and all(c.type == "function" and c.id.startswith("call_") for c in calls)
+        for c in calls:
+            _valid(c.function.name, c.function.arguments)
+        # Streamed: the calls arrive as tool_calls deltas; the same seed gives the same calls.
+        chunks = list(client.chat.completions.create(**kw, stream=True))
+        deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
+        assert [(d.function.name, d.function.arguments) for d in deltas if d.function] == [
+            (c.function.name, c.function.arguments) for c in calls
+        ]
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+@pytest.mark.slow
+def test_a_named_function_is_called_and_a_conversation_with_results_continues(client: openai.OpenAI) -> None:
+    named: Any = {"type": "function", "function": {"name": "add"}}
+    ask: Any = [{"role": "user", "content": "What is 2 plus 3?"}]
+    out = client.chat.completions.create(model=MODEL, messages=ask, tools=TOOLS, tool_choice=named, max_tokens=60,
+                                         temperature=0)  # fmt: skip
+    calls = out.choices[0].message.tool_calls or []
+    assert len(calls) == 1 and calls[0].function.name == "add"
+    _valid("add", calls[0].function.arguments)
+    turn: Any = [
+        *ask,
+        {"role": "assistant", "content": None, "tool_calls": [calls[0].model_dump()]},
+        {"role": "tool", "tool_call_id": calls[0].id, "content": "5"},
+    ]
+    follow = client.chat.completions.create(model=MODEL, messages=turn, tools=TOOLS, max_tokens=24, temperature=0)
+    choice = follow.choices[0]
+    assert choice.finish_reason in ("stop", "length", "tool_calls")
+    if choice.finish_reason == "tool_calls":  # auto: a call is allowed, and then it is a valid one's name
+        assert all(c.function.name in SCHEMAS for c in choice.message.tool_calls or [])
+    else:
+        assert isinstance(choice.message.content, str)
