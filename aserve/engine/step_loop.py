@@ -28,6 +28,7 @@ planning ends only that request (``Scheduler.failed``, :class:`KVAllocationError
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
 import time
@@ -43,6 +44,7 @@ from aserve.device.step import Step
 from aserve.engine.commit import Committer
 from aserve.engine.pipeline import PipelineSlots
 from aserve.engine.recorder import StepRecorder
+from aserve.engine.watchdog import LoopWatchdog
 from aserve.errors import EngineClosedError, EngineFailedError, KVAllocationError, KVCapacityError
 from aserve.logs import get_logger
 from aserve.scheduler.policy import Blocked, Plan, Scheduler
@@ -75,6 +77,8 @@ class StepLoop:
         self.broken: EngineFailedError | None = None  # set after a fault: nothing runs again
         self.failed = anyio.Event()  # set with ``broken``
         self.stalled = False  # the watchdog fired: the device may never finish what it holds
+        # Monotonic launch times of the steps in flight, oldest first (the backstop reads the first).
+        self._launched_at: collections.deque[float] = collections.deque()
         self._plan_scope = anyio.CancelScope()  # the plan loop's: a fault ends it wherever it waits
         self._ingest: MemoryObjectSendStream[list[Req]] | None = None
         self.live: set[Req] = set()  # submitted and not finished (the engine's on_finish discards)
@@ -89,6 +93,11 @@ class StepLoop:
         steps_send, steps_recv = anyio.create_memory_object_stream[Step](self.slots.depth)
         ingest_send, ingest_recv = anyio.create_memory_object_stream[list[Req]](math.inf)
         self._ingest = ingest_send
+        # The backstop for a loop that a stalled device blocks outright (aserve/engine/watchdog.py).
+        backstop = None
+        if self.watchdog_s is not None:
+            backstop = LoopWatchdog(self.watchdog_s, self._oldest_launch, lambda: self.broken is not None)
+            backstop.start()
         try:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._ingest_loop, ingest_recv, name="aserve.ingest")
@@ -99,11 +108,14 @@ class StepLoop:
                 finally:
                     tg.cancel_scope.cancel()
         finally:
+            if backstop is not None:
+                backstop.stop()
             self._ingest = None
             closed = EngineClosedError("the engine shut down before this step state was reached")
             for step in self._uncommitted:
                 step.cancel_unreached(closed)
             self._uncommitted.clear()  # their keepalive holds device tensors
+            self._launched_at.clear()
             for watcher in self._watchers:
                 watcher.close()
 
@@ -170,6 +182,7 @@ class StepLoop:
                 step.planned.set(planned_t)
                 step.in_flight.set(step.launch_time)
                 self._uncommitted.add(step)
+                self._launched_at.append(time.monotonic())
                 for seq in plan.seqs:
                     seq.req.inflight += 1
                     if self.recorder.trace is not None and seq.prefix_len == 0:
@@ -238,11 +251,19 @@ class StepLoop:
                 commit_s = time.perf_counter() - t0
                 step.committed.set(t0 + commit_s)
                 self._uncommitted.discard(step)
+                self._launched_at.popleft()
                 self.recorder.record(step, commit_s, t0)
                 self.slots.release()
                 self.work.set()
 
     # -- what the coroutines share ---------------------------------------------------
+
+    def _oldest_launch(self) -> float | None:
+        """When the oldest step in flight was launched (read from the backstop's thread)."""
+        try:
+            return self._launched_at[0]
+        except IndexError:
+            return None
 
     def _end_stuck(self) -> bool:
         """Requests that cannot fit the KV pool even alone, or whose KV allocation failed while
