@@ -3,8 +3,10 @@ blocked while a step is in flight. ``python -m tests.engine.blocked_loop_child M
 
 cpu: the second step's device work is slow (3 s on the stream's thread), so the commit loop
 waits on it, and the third launch then sleeps on the loop's thread (a call that never returns).
-cuda: the third forward first enqueues a ~60 s spin kernel; the H200 showed the next CUDA call
-of that forward blocking the loop's thread while the device spins.
+cuda: the first forward (the prefill; decode steps replay graphs) first enqueues a ~60 s spin
+kernel; the H200 showed the next CUDA call of such a forward blocking the loop's thread while
+the device spins. Should the loop keep running instead, the coroutine watchdog ends the request
+cleanly: the child then prints "clean failure" and exits 3.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def main(model: str, device: str) -> None:
 
                 def spin(*args: Any) -> Any:
                     calls["f"] = calls.get("f", 0) + 1
-                    if calls["f"] == 3:
+                    if calls["f"] == 1:
                         torch.cuda._sleep(int(60 * 2e9))  # ~60 s at ~2 GHz
                     return real(*args)
 
@@ -61,7 +63,11 @@ def main(model: str, device: str) -> None:
             await engine.complete([1, 5, 6, 7], aserve.SamplingParams(max_tokens=64, temperature=0, ignore_eos=True))
         print("finished without the watchdog", flush=True)
 
-    anyio.run(run)
+    try:
+        anyio.run(run)
+    except aserve.EngineFailedError as exc:
+        print(f"clean failure: {exc}", flush=True)
+        sys.exit(3)
 
 
 if __name__ == "__main__":
