@@ -77,8 +77,10 @@ class StepLoop:
         self.broken: EngineFailedError | None = None  # set after a fault: nothing runs again
         self.failed = anyio.Event()  # set with ``broken``
         self.stalled = False  # the watchdog fired: the device may never finish what it holds
-        # Monotonic launch times of the steps in flight, oldest first (the backstop reads the first).
+        # Monotonic launch times of the steps in flight, oldest first, and the start of a launch
+        # under way (on CUDA a stalled device can block the loop inside one): the backstop reads both.
         self._launched_at: collections.deque[float] = collections.deque()
+        self._launching_since: float | None = None
         self._plan_scope = anyio.CancelScope()  # the plan loop's: a fault ends it wherever it waits
         self._ingest: MemoryObjectSendStream[list[Req]] | None = None
         self.live: set[Req] = set()  # submitted and not finished (the engine's on_finish discards)
@@ -174,7 +176,11 @@ class StepLoop:
                         return  # the engine broke while this loop waited
                     plan, plan_t0 = planned
                     planned_t = time.perf_counter()
-                    step = self.runner.launch(plan, planned_t - plan_t0)  # in flight: the device runs it
+                    self._launching_since = time.monotonic()
+                    try:
+                        step = self.runner.launch(plan, planned_t - plan_t0)  # in flight: the device runs it
+                    finally:
+                        self._launching_since = None
                 except Exception as exc:
                     # On CUDA the forward is enqueued here, on the loop's thread: its errors land here.
                     self._fail_everything(f"planning or launching a step raised {exc!r}", exc)
@@ -259,11 +265,12 @@ class StepLoop:
     # -- what the coroutines share ---------------------------------------------------
 
     def _oldest_launch(self) -> float | None:
-        """When the oldest step in flight was launched (read from the backstop's thread)."""
-        try:
-            return self._launched_at[0]
-        except IndexError:
-            return None
+        """When the oldest step in flight was launched, or the launch under way began (read from
+        the backstop's thread)."""
+        times = [t for t in (self._launching_since,) if t is not None]
+        with contextlib.suppress(IndexError):  # the loop may pop the last one meanwhile
+            times.append(self._launched_at[0])
+        return min(times) if times else None
 
     def _end_stuck(self) -> bool:
         """Requests that cannot fit the KV pool even alone, or whose KV allocation failed while

@@ -6,8 +6,9 @@ closes the engine. That needs the event loop to run. On CUDA a stalled device ca
 loop's own thread inside a CUDA call (seen on the H200: the next forward's first kernel launch
 waited on the spinning device), and then no coroutine runs again.
 
-This thread watches from outside: when the oldest step in flight was launched longer ago than the
-limit plus a grace period and the coroutine watchdog has still not fired, the loop is blocked. Nothing can
+This thread watches from outside: when the oldest step in flight was launched (or a launch under
+way began) longer ago than the limit plus a grace period and the coroutine watchdog has still not
+fired, the loop is blocked. Nothing can
 end the requests cleanly from here, so it does what SGLang's watchdog does: it writes every
 thread's stack to stderr and ends the process (status 70, EX_SOFTWARE), so that a supervisor
 restarts the server and an embedding application is not left hanging forever.
