@@ -197,7 +197,7 @@ class Engine:
         # The loops are gone; steps still queued on the device finish before the stream
         # thread exits below (unless the device stalled: then nothing waits on it for long).
         # Return every request's KV so the ledger closes.
-        stalled = hasattr(self, "_loop") and self._loop.stalled
+        stalled = self._stalled
         join_s = 1.0 if stalled else 30.0
         if self._cpu_stream is not None:
             self._cpu_stream.close(join_s)
@@ -233,7 +233,7 @@ class Engine:
         if parts.device.type == "cuda":
             gc.collect()  # steps and graphs caught in reference cycles hold device tensors
             # cudaFree waits for the device: after a stall it might never return.
-            if not (hasattr(self, "_loop") and self._loop.stalled):
+            if not self._stalled:
                 torch.cuda.empty_cache()
 
     @property
@@ -261,6 +261,11 @@ class Engine:
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
         return self._require().eos_token_ids
+
+    @property
+    def _stalled(self) -> bool:
+        """The watchdog found a step stalled: close must not wait for the device."""
+        return hasattr(self, "_loop") and self._loop.stalled
 
     @property
     def failure(self) -> EngineFailedError | None:

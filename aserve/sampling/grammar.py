@@ -67,7 +67,6 @@ class Grammars:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self.compiled = 0  # grammars compiled (cache misses)
 
     def _build(self) -> None:
         t0 = time.perf_counter()
@@ -121,16 +120,12 @@ class Grammars:
                     f"structured_outputs: cannot compile the {key[0]}: {template.get_error()}",
                     param="structured_outputs",
                 )
-            self.compiled += 1
             self._cache[key] = template
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
         return template.deep_copy()
-
-    def close(self) -> None:
-        self._cache.clear()
 
 
 def _grammar_text(spec: StructuredOutputs) -> str:

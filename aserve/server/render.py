@@ -1,18 +1,24 @@
-"""Turn engine outputs (results, deltas, logprobs) into OpenAI response objects."""
+"""Turn engine outputs (results, deltas, logprobs) into OpenAI response objects and stream chunks."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from aserve.outputs import CompletionResult, TokenLogprob, Usage
+from pydantic import BaseModel
+
+from aserve.outputs import CompletionResult, Delta, TokenLogprob, Usage
 from aserve.server.protocol import (
     ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
     ChatCompletionResponse,
     ChatLogprobs,
     CompletionChoice,
     CompletionLogprobs,
     CompletionResponse,
+    DeltaMessage,
     PromptTokensDetails,
     ResponseMessage,
     TokenLogprobInfo,
@@ -122,10 +128,86 @@ def chat_response(
 ) -> ChatCompletionResponse:
     choices = []
     for o in result.outputs:
-        message, finish = ResponseMessage(content=o.text), str(o.finish_reason) if o.finish_reason else None
+        message = ResponseMessage(content=o.text)
+        finish: str | None = o.finish_reason
         calls = tools.parse(o.text) if tools is not None and finish == "stop" else None
         if calls:
             message, finish = ResponseMessage(content=None, tool_calls=[c.as_dict() for c in calls]), "tool_calls"
         lps = chat_logprobs(tok, o.logprobs or ()) if want_logprobs else None
         choices.append(ChatChoice(index=o.index, message=message, logprobs=lps, finish_reason=finish))
     return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_info(result.usage))
+
+
+class CompletionChunks:
+    """The SSE chunks of a streamed /v1/completions (``echo`` in each choice's first one)."""
+
+    def __init__(self, tok: Tokenizer, rid: str, model: str, want_logprobs: bool, echo: Echo | None = None) -> None:
+        self.tok, self.rid, self.model, self.want_logprobs, self.echo = tok, rid, model, want_logprobs, echo
+        self.offsets: dict[int, int] = {}
+
+    def opening(self) -> list[BaseModel]:
+        return []
+
+    def delta(self, d: Delta) -> BaseModel:
+        lps = None
+        text = d.text
+        first = d.index not in self.offsets
+        if self.want_logprobs:
+            head = None
+            if first and self.echo is not None:
+                head = echo_logprobs(self.tok, self.echo.prompt_ids(d.index), d.prompt_logprobs)
+            lps = completion_logprobs(self.tok, d.logprobs or (), self.offsets.get(d.index, 0), head)
+            self.offsets[d.index] = lps.text_offset[-1] + len(lps.tokens[-1]) if lps.tokens else 0
+        else:
+            self.offsets.setdefault(d.index, 0)
+        if first and self.echo is not None:
+            text = self.echo.text(d.index) + text
+        choice = CompletionChoice(index=d.index, text=text, logprobs=lps, finish_reason=d.finish_reason)
+        return CompletionResponse(id=self.rid, model=self.model, choices=[choice])
+
+    def usage(self, usage: Usage) -> BaseModel:
+        return CompletionResponse(id=self.rid, model=self.model, choices=[], usage=usage_info(usage))
+
+
+class ChatChunks:
+    """The SSE chunks of a streamed /v1/chat/completions (a role chunk first; with tools, each
+    choice held until it ends)."""
+
+    def __init__(
+        self, tok: Tokenizer, rid: str, model: str, n: int, want_logprobs: bool, tools: ToolUse | None = None
+    ) -> None:
+        self.tok, self.rid, self.model, self.n, self.want_logprobs = tok, rid, model, n, want_logprobs
+        self.tools = tools
+        # With tools, a choice's text is held until it ends: only then is it known to be a
+        # call (sent as one tool_calls delta) or content (sent as one content delta).
+        self.held: dict[int, list[str]] = {}
+
+    def _chunk(self, choices: list[ChatChunkChoice], **kw: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id=self.rid, model=self.model, choices=choices, **kw)
+
+    def opening(self) -> list[BaseModel]:
+        # OpenAI's first chunk of each choice carries only the role.
+        return [
+            self._chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+            for i in range(self.n)
+        ]
+
+    def delta(self, d: Delta) -> BaseModel | None:
+        lps = chat_logprobs(self.tok, d.logprobs or ()) if self.want_logprobs else None
+        msg = DeltaMessage(content=d.text)
+        finish: str | None = d.finish_reason
+        if self.tools is not None:
+            held = self.held.setdefault(d.index, [])
+            held.append(d.text)
+            if finish is None:
+                return None
+            text = "".join(self.held.pop(d.index))
+            calls = self.tools.parse(text) if finish == "stop" else None
+            if calls:
+                msg, finish = DeltaMessage(tool_calls=[c.as_dict(i) for i, c in enumerate(calls)]), "tool_calls"
+            else:
+                msg = DeltaMessage(content=text)
+        return self._chunk([ChatChunkChoice(index=d.index, delta=msg, logprobs=lps, finish_reason=finish)])
+
+    def usage(self, usage: Usage) -> BaseModel:
+        return self._chunk([], usage=usage_info(usage))

@@ -7,7 +7,7 @@ import json
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import anyio
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -20,19 +20,13 @@ from aserve import __version__
 from aserve.engine import Engine
 from aserve.errors import ContextLengthError, InvalidRequestError
 from aserve.ipc.client import EngineClient
-from aserve.outputs import Delta, Usage
 from aserve.sampling_params import SamplingParams
 from aserve.server.errors import RETRY_AFTER_S, APIError
 from aserve.server.limits import BodyLimits
 from aserve.server.openapi import openapi_document
 from aserve.server.protocol import (
-    ChatChunkChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    CompletionChoice,
     CompletionRequest,
-    CompletionResponse,
-    DeltaMessage,
     DetokenizeRequest,
     DetokenizeResponse,
     ModelCard,
@@ -42,22 +36,17 @@ from aserve.server.protocol import (
     TokenizeResponse,
 )
 from aserve.server.render import (
+    ChatChunks,
+    CompletionChunks,
     Echo,
-    chat_logprobs,
     chat_response,
-    completion_logprobs,
     completion_response,
-    echo_logprobs,
-    usage_info,
 )
 from aserve.server.sse import SSEResponse, stream_events
 from aserve.server.state import ServerState
-from aserve.server.tools import ToolUse, messages_for
+from aserve.server.tools import messages_for
 from aserve.tokenizer.chat import apply_chat_template
 from aserve.tokenizer.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from aserve.ipc.client import EngineClient
 
 T = TypeVar("T")
 
@@ -189,76 +178,6 @@ def _echo(tok: Tokenizer, prompts: list[_Prompt], n: int) -> Echo:
     return Echo(texts, [p.ids for p in prompts], n)
 
 
-class _CompletionChunks:
-    def __init__(self, tok: Tokenizer, rid: str, model: str, want_logprobs: bool, echo: Echo | None = None) -> None:
-        self.tok, self.rid, self.model, self.want_logprobs, self.echo = tok, rid, model, want_logprobs, echo
-        self.offsets: dict[int, int] = {}
-
-    def opening(self) -> list[BaseModel]:
-        return []
-
-    def delta(self, d: Delta) -> BaseModel:
-        lps = None
-        text = d.text
-        first = d.index not in self.offsets
-        if self.want_logprobs:
-            head = None
-            if first and self.echo is not None:
-                head = echo_logprobs(self.tok, self.echo.prompt_ids(d.index), d.prompt_logprobs)
-            lps = completion_logprobs(self.tok, d.logprobs or (), self.offsets.get(d.index, 0), head)
-            self.offsets[d.index] = lps.text_offset[-1] + len(lps.tokens[-1]) if lps.tokens else 0
-        else:
-            self.offsets.setdefault(d.index, 0)
-        if first and self.echo is not None:
-            text = self.echo.text(d.index) + text
-        choice = CompletionChoice(index=d.index, text=text, logprobs=lps, finish_reason=d.finish_reason)
-        return CompletionResponse(id=self.rid, model=self.model, choices=[choice])
-
-    def usage(self, usage: Usage) -> BaseModel:
-        return CompletionResponse(id=self.rid, model=self.model, choices=[], usage=usage_info(usage))
-
-
-class _ChatChunks:
-    def __init__(
-        self, tok: Tokenizer, rid: str, model: str, n: int, want_logprobs: bool, tools: ToolUse | None = None
-    ) -> None:
-        self.tok, self.rid, self.model, self.n, self.want_logprobs = tok, rid, model, n, want_logprobs
-        self.tools = tools
-        # With tools, a choice's text is held until it ends: only then is it known to be a
-        # call (sent as one tool_calls delta) or content (sent as one content delta).
-        self.held: dict[int, list[str]] = {}
-
-    def _chunk(self, choices: list[ChatChunkChoice], **kw: Any) -> ChatCompletionChunk:
-        return ChatCompletionChunk(id=self.rid, model=self.model, choices=choices, **kw)
-
-    def opening(self) -> list[BaseModel]:
-        # OpenAI's first chunk of each choice carries only the role.
-        return [
-            self._chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-            for i in range(self.n)
-        ]
-
-    def delta(self, d: Delta) -> BaseModel | None:
-        lps = chat_logprobs(self.tok, d.logprobs or ()) if self.want_logprobs else None
-        msg = DeltaMessage(content=d.text)
-        finish: str | None = d.finish_reason
-        if self.tools is not None:
-            held = self.held.setdefault(d.index, [])
-            held.append(d.text)
-            if finish is None:
-                return None
-            text = "".join(self.held.pop(d.index))
-            calls = self.tools.parse(text) if finish == "stop" else None
-            if calls:
-                msg, finish = DeltaMessage(tool_calls=[c.as_dict(i) for i, c in enumerate(calls)]), "tool_calls"
-            else:
-                msg = DeltaMessage(content=text)
-        return self._chunk([ChatChunkChoice(index=d.index, delta=msg, logprobs=lps, finish_reason=finish)])
-
-    def usage(self, usage: Usage) -> BaseModel:
-        return self._chunk([], usage=usage_info(usage))
-
-
 async def _generate(
     request: Request,
     endpoint: str,
@@ -298,9 +217,9 @@ async def _generate(
             timer.admitted(prompt_tokens)
             echo = _echo(tok, prompts, params.n) if echoes else None
             maker = (
-                _ChatChunks(tok, rid, req.model, params.n, want_lps, tools)
+                ChatChunks(tok, rid, req.model, params.n, want_lps, tools)
                 if endpoint == "chat"
-                else _CompletionChunks(tok, rid, req.model, want_lps, echo)
+                else CompletionChunks(tok, rid, req.model, want_lps, echo)
             )
             body = stream_events(
                 gen, maker, prompt_tokens=prompt_tokens, include_usage=req.include_usage, timer=timer,

@@ -190,18 +190,19 @@ def messages_for(
     return out
 
 
+def _arguments(call: dict[str, Any]) -> Any:
+    """A sent call's arguments, parsed when they are JSON text (as OpenAI sends them)."""
+    args = (call.get("function") or {}).get("arguments")
+    parsed = _loads(args) if isinstance(args, str) else None
+    return args if parsed is None else parsed
+
+
 def _call_json(call: dict[str, Any]) -> dict[str, Any]:
-    fn = call.get("function") or {}
-    args = fn.get("arguments")
-    parsed = _loads(args) if isinstance(args, str) else args
-    return {"name": fn.get("name"), "arguments": parsed if parsed is not None else args}
+    return {"name": (call.get("function") or {}).get("name"), "arguments": _arguments(call)}
 
 
 def _parsed_arguments(call: dict[str, Any]) -> dict[str, Any]:
-    fn = call.get("function") or {}
-    args = fn.get("arguments")
-    if isinstance(args, str):
-        parsed = _loads(args)
-        if isinstance(parsed, dict):
-            return {**call, "function": {**fn, "arguments": parsed}}
-    return call
+    args = _arguments(call)
+    if not isinstance(args, dict):
+        return call
+    return {**call, "function": {**(call.get("function") or {}), "arguments": args}}
