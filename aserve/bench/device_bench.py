@@ -198,7 +198,9 @@ def main() -> None:
         results["ops"] = gw.small_op_compare(args.device, bf16, [8, 64] if args.tiny else [64, 256], not args.tiny)
         save()
     if "profile" in only:
-        results["profile"] = profile_host(g, root, tok, args.device, bf16, opts)
+        # With "structured" also asked for, the profiled run is the constrained one.
+        spec = aserve.StructuredOutputs(json=STRUCTURED_BENCH_SCHEMA) if "structured" in only else None
+        results["profile"] = profile_host(g, root, tok, args.device, bf16, opts, structured=spec)
         print(results["profile"], flush=True)
         save()
     if "kprofile" in only:
