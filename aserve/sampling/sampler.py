@@ -182,9 +182,16 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
 
     if batch.mask_rows is not None and batch.mask_bits is not None:
         # Structured outputs: tokens the row's grammar does not allow next are impossible.
-        allowed = allowed_tokens(batch.mask_bits, vocab)  # [R, V] bool
-        sub = processed[batch.mask_rows].masked_fill(~allowed, float("-inf"))
-        processed = processed.index_put((batch.mask_rows,), sub)
+        if device.type == "cuda":
+            from aserve.kernels.bitmask import apply_bitmask_
+
+            # In place, one pass (no [R, V] temporaries); ``logits`` itself stays the model's.
+            processed = apply_bitmask_(processed if processed is not logits else logits.clone(), batch.mask_rows,
+                                       batch.mask_bits)  # fmt: skip
+        else:
+            allowed = allowed_tokens(batch.mask_bits, vocab)  # [R, V] bool
+            sub = processed[batch.mask_rows].masked_fill(~allowed, float("-inf"))
+            processed = processed.index_put((batch.mask_rows,), sub)
 
     greedy_tokens = processed.argmax(dim=-1)  # [B]
     if batch.all_greedy:

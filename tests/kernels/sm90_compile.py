@@ -40,7 +40,7 @@ def _signature(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any]
 
 def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     from aserve.attention import triton_paged as tp
-    from aserve.kernels import fused
+    from aserve.kernels import bitmask, fused
 
     out: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = []
     for dtype in ("bfloat16", "float32"):
@@ -81,6 +81,9 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
             ptrs = {n: act for n in ("QKV", "QW", "KW", "Cos", "Sin", "Q", "KC", "VC")} | {"Slots": "*i64"}
             out.append((f"qkv_prep h={h} hkv={hkv} half={half} {dtype}", fused._qkv_prep_kernel, ptrs,
                         {"H": h, "HKV": hkv, "HALF": half, "NORM": norm, "GEMMA": norm}))  # fmt: skip
+    for dtype in ("bfloat16", "float32"):
+        out.append((f"bitmask {dtype}", bitmask._apply_bitmask_kernel,
+                    {"Logits": _PTR[dtype], "Rows": "*i64", "Bits": "*i32"}, {"WORDS": bitmask._WORDS}))  # fmt: skip
     return out
 
 
