@@ -2,25 +2,28 @@
 
 One :class:`Grammars` per engine. Its llguidance tokenizer (every token's bytes: ~1.3 s for
 the default model's 262k vocabulary on one core) is built at the first structured request
-(most engines never see one) and is what each request's ``LLMatcher`` walks. Where the pieces run, and why a constrained request keeps a look-ahead
-of zero under the overlap scheduler, is in ``docs/architecture.md`` ("Structured outputs").
+(most engines never see one) and is what each request's ``LLMatcher`` walks. Where the
+pieces run, and how a constrained step splits its launch under the overlap scheduler, is in
+``docs/architecture.md`` ("Structured outputs").
 
 * admission: :meth:`Grammars.matcher` compiles the request's grammar (cached by its key, so
   the next request with the same schema gets a copy of a ready matcher) or raises a typed 400;
-* launch (host, while the device runs the previous step): :func:`fill_masks` writes each
-  constrained row's allowed-token bitmask, which travels with the step's sampling tensors;
-* sampling (device): the sampler sends masked-out logits to -inf;
+* launch (host): :func:`fill_masks` writes each constrained row's allowed-token bitmask; a
+  step launched while earlier ones are in flight fills them after those commits, while the
+  device runs its forward (the split launch);
+* sampling (device): the sampler sends masked-out logits to -inf (aserve/kernels/bitmask.py on CUDA);
 * commit: the sampled token advances the matcher (``consume_token``); a matcher that is
   stopped (the language allows nothing more) ends the request with ``"stop"``.
 
 Why llguidance and not xgrammar: it needs no ``transformers`` at run time (xgrammar builds
 its tokenizer info from a transformers tokenizer), takes any vocabulary as a list of token
-bytes, builds a matcher in ~1 ms and a 262k-token mask in ~0.4 ms on one core (measured here
-with the default model; both are vLLM's backends, and llama.cpp's is llguidance).
+bytes, builds a matcher in ~1 ms and a 262k-token mask in 5-40 us on one core (measured here
+with the default model and a JSON schema; both are vLLM's backends, and llama.cpp's is llguidance).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 import time
@@ -74,16 +77,33 @@ class Grammars:
             import llguidance
 
             tok = self._tokenizer
+            token_bytes = tok.token_bytes()
+            greedy = _GreedyTokenizer(token_bytes)
+
+            # llguidance tokenizes the bytes a grammar forces (a separator after a number, a
+            # closing bracket) while it computes masks: on the H200 host over half the rows of
+            # a JSON-schema step called back here (~16 us each, under the GIL). The strings are
+            # few and repeat, so each is encoded once. They are fragments from the middle of an
+            # output: a tokenizer that prepends its dummy-prefix space (sentencepiece's llama
+            # vocabularies: "-" -> "▁", "-") would force a token the grammar then rejects, so
+            # ids whose bytes are not exactly the fragment's are replaced by a greedy match.
+            @functools.lru_cache(maxsize=4096)
+            def _encode(text: bytes) -> tuple[int, ...]:
+                ids = tok.encode(text.decode("utf-8", errors="replace"))
+                if b"".join(token_bytes[i] for i in ids) == text:
+                    return tuple(ids)
+                return greedy(text)
+
             special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
 
             class _Vocab:  # what llguidance.TokenizerWrapper reads
                 eos_token_id = tok.eos_token_ids[0] if tok.eos_token_ids else 0
                 bos_token_id = tok.bos_token_id
-                tokens = tok.token_bytes()
+                tokens = token_bytes
                 special_token_ids = special
 
                 def __call__(self, text: bytes) -> list[int]:
-                    return tok.encode(text.decode("utf-8", errors="replace"))
+                    return list(_encode(text))
 
             self._ll_tokenizer = llguidance.LLTokenizer(
                 llguidance.TokenizerWrapper(_Vocab()), n_vocab=self.vocab_size, eos_token=list(tok.eos_token_ids)
@@ -147,6 +167,31 @@ def _grammar_text(spec: StructuredOutputs) -> str:
         raise InvalidRequestError(f"structured_outputs: {exc}", param="structured_outputs") from exc
 
 
+class _GreedyTokenizer:
+    """Longest-match tokenization over the vocabulary's token bytes (normal tokens only)."""
+
+    def __init__(self, token_bytes: Sequence[bytes]) -> None:
+        self._ids: dict[bytes, int] = {}
+        for i, b in enumerate(token_bytes):
+            if b:
+                self._ids.setdefault(b, i)
+        self._longest = max((len(b) for b in self._ids), default=1)
+
+    def __call__(self, text: bytes) -> tuple[int, ...]:
+        out: list[int] = []
+        pos = 0
+        while pos < len(text):
+            for n in range(min(self._longest, len(text) - pos), 0, -1):
+                i = self._ids.get(text[pos : pos + n])
+                if i is not None:
+                    out.append(i)
+                    pos += n
+                    break
+            else:
+                raise ValueError(f"no token spells {text[pos : pos + 1]!r}")
+        return tuple(out)
+
+
 class GrammarState:
     """One constrained request's matcher. Touched on the event loop only: the launch path
     reads its mask, the committer advances it (so it always reflects committed tokens)."""
@@ -171,12 +216,25 @@ class GrammarState:
         return str(self.matcher.get_error())
 
 
-def fill_masks(states: Sequence[GrammarState]) -> torch.Tensor:
-    """[R, words] int32 host bitmasks of the tokens each state allows next."""
-    masks = torch.zeros((len(states), mask_words(states[0].vocab_size)), dtype=torch.int32)
-    row_bytes = masks.shape[1] * 4
+def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) -> torch.Tensor:
+    """[R, words] int32 host bitmasks of the tokens each state allows next (into ``out``, a
+    contiguous host tensor of that shape, when given).
+
+    One by one on the calling thread: llguidance's executor (its own threads, no GIL) measured
+    0.21x the free run against 0.47x at batch 64 on the H200 (docs/benchmarks.md, "Issue 16"),
+    its idle threads slowing the unconstrained runs in the same process too. A matcher that is
+    stopped or failed (its request has ended; a split launch may still sample
+    one more token for it, which is never committed) allows every token."""
+    words = mask_words(states[0].vocab_size)
+    masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
+    assert masks.shape == (len(states), words) and masks.is_contiguous()
+    row_bytes = words * 4
     for i, st in enumerate(states):
-        st.matcher.unsafe_compute_mask_ptr(masks[i].data_ptr(), row_bytes)
+        m = st.matcher
+        if m.is_stopped() or m.is_error():
+            masks[i] = -1
+        else:
+            m.unsafe_compute_mask_ptr(masks[i].data_ptr(), row_bytes)
     return masks
 
 
