@@ -199,8 +199,8 @@ def main() -> None:
         save()
     if "profile" in only:
         # With "structured" also asked for, the profiled run is the constrained one.
-        spec = aserve.StructuredOutputs(json=STRUCTURED_BENCH_SCHEMA) if "structured" in only else None
-        results["profile"] = profile_host(g, root, tok, args.device, bf16, opts, structured=spec)
+        profiled = aserve.StructuredOutputs(json=STRUCTURED_BENCH_SCHEMA) if "structured" in only else None
+        results["profile"] = profile_host(g, root, tok, args.device, bf16, opts, structured=profiled)
         print(results["profile"], flush=True)
         save()
     if "kprofile" in only:

@@ -138,7 +138,9 @@ def profile_host(
     import pstats
 
     prof = cProfile.Profile()
-    run_throughput(shape, root, tok_dir, device, dtype, 64, 128, 256, True, 256, opts, profiler=prof, structured=structured)
+    run_throughput(
+        shape, root, tok_dir, device, dtype, 64, 128, 256, True, 256, opts, profiler=prof, structured=structured
+    )
     buf = io.StringIO()
     stats = pstats.Stats(prof, stream=buf)
     stats.sort_stats("tottime").print_stats(30)

@@ -142,11 +142,13 @@ class DeviceEvent:
 
     async def wait(self) -> None:
         """Suspend until the device passed this event. Cancellation only stops the wait."""
+        if self.poll_s is None and not self._done:
+            # Set on completion, or when an event created before its CUDA event was recorded
+            # switches to polling (cuda_record's ``into``).
+            await self._flag.wait()
         if self.poll_s is not None:
             while not self.done():  # noqa: ASYNC110 - polling is the measured choice on CUDA
                 await anyio.sleep(self.poll_s)
-        elif not self._done:
-            await self._flag.wait()
         if self._error is not None:
             if self._cancelled:
                 raise self._error
@@ -171,8 +173,10 @@ class CpuStream:
     def submit(self, fn: Callable[[], None]) -> None:
         self._queue.put((fn, False))
 
-    def record(self, name: str) -> DeviceEvent:
-        event = DeviceEvent(name)
+    def record(self, name: str, into: DeviceEvent | None = None) -> DeviceEvent:
+        """A point after the work submitted so far; ``into``: resolve this event (created
+        earlier, maybe awaited already) rather than a new one."""
+        event = DeviceEvent(name) if into is None else into
 
         def mark() -> None:
             event.host_time = time.perf_counter()
@@ -235,16 +239,30 @@ class CudaEventWaiter:
         self._thread.join(timeout=join_s)
 
 
-def cuda_record(stream: Any, waiter: CudaEventWaiter | None, name: str, *, poll_s: float = 50e-6) -> DeviceEvent:
+def cuda_record(
+    stream: Any, waiter: CudaEventWaiter | None, name: str, *, poll_s: float = 50e-6, into: DeviceEvent | None = None
+) -> DeviceEvent:
     """Record a timing CUDA event on ``stream``; ``await event.wait()`` works either way.
 
     With a ``waiter`` the loop is woken by the waiter thread on completion; without one,
     ``wait()`` polls the event every ``poll_s`` seconds (the default: measured lower latency
     and far lower CPU cost on the H200 machine, see docs/architecture.md). Polling costs
     nothing until somebody waits, so events only some coroutines watch take no waiter.
+
+    ``into``: record into this event, created earlier without a CUDA event (a step whose
+    sampler launches later); coroutines may be waiting on it already.
     """
     cuda_event = torch.cuda.Event(enable_timing=True)
     cuda_event.record(stream)
+    if into is not None:
+        assert into.cuda_event is None and into.poll_s is None, f"{into.name} was recorded already"
+        into.cuda_event = cuda_event
+        if waiter is not None:
+            waiter.watch(into)
+        else:
+            into.poll_s = poll_s
+            into._flag.set()  # its waiters move on to polling (see wait)
+        return into
     if waiter is None:
         return DeviceEvent(name, cuda_event, poll_s=poll_s)
     event = DeviceEvent(name, cuda_event)

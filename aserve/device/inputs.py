@@ -61,13 +61,16 @@ class SamplingInputs(NamedTuple):
     banned: list[frozenset[int]]
     grammar: list[tuple[int, GrammarState]]  # (batch row, state) of structured requests that sample
 
-    def batch(self, device: torch.device | str) -> SamplingBatch:
-        masks = None
+    def batch(self, device: torch.device | str, masks: bool = True) -> SamplingBatch:
+        """The sampling batch; ``masks=False``: the grammar rows without their masks (a split
+        launch fills them later, ``mask_bits`` None until then)."""
+        grammar_masks = None
         if self.grammar:
             # Host work while the device runs the previous step: each row's allowed tokens.
-            masks = ([i for i, _ in self.grammar], fill_masks([g for _, g in self.grammar]))
+            bits = fill_masks([g for _, g in self.grammar]) if masks else None
+            grammar_masks = ([i for i, _ in self.grammar], bits)
         return make_sampling_batch(self.params, self.seeds, self.steps, self.prompts, self.outputs, device,
-                                   self.banned, masks)  # fmt: skip
+                                   self.banned, grammar_masks)  # fmt: skip
 
 
 @dataclass

@@ -11,8 +11,10 @@ stream, forward and sampling on the forward stream, D2H on the copy stream.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 
@@ -24,6 +26,7 @@ from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
+from aserve.sampling.grammar import fill_masks, mask_words
 from aserve.sampling.sampler import SampleOutput, prompt_logprobs, sample
 from aserve.scheduler.policy import Plan
 
@@ -51,6 +54,7 @@ class ModelRunner:
         self.cuda_waiter = cuda_waiter
         self._index = 0
         self.fast_graph_steps = 0  # steps whose host inputs took the greedy graph fast path
+        self.split_steps = 0  # steps launched in two (constrained rows' masks filled later)
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
         # inputs and outputs.
         slots = max(3, pipeline_depth + 1)
@@ -84,17 +88,23 @@ class ModelRunner:
     def is_cuda(self) -> bool:
         return self.device.type == "cuda"
 
-    def launch(self, plan: Plan, plan_s: float = 0.0) -> Step:
+    def launch(self, plan: Plan, plan_s: float = 0.0, defer_masks: bool = False) -> Step:
+        """Launch ``plan``'s step. With ``defer_masks`` and rows a grammar constrains, only the
+        forward is launched: their masks need the tokens of the steps still in flight, so the
+        sampler waits for ``step.finish_launch()``, which the step loop calls once every earlier
+        step is committed (the split launch, docs/architecture.md "Structured outputs")."""
         t0 = time.perf_counter()
         host = build_inputs(plan, self.decode_graphs)
         if host.sampling is None:
             self.fast_graph_steps += 1
+        defer = defer_masks and host.sampling is not None and bool(host.sampling.grammar)
+        self.split_steps += defer
         index = self._index
         self._index += 1
         if self.is_cuda:
-            step = self._launch_cuda(index, plan, host)
+            step = self._launch_cuda(index, plan, host, defer)
         else:
-            step = self._launch_cpu(index, plan, host)
+            step = self._launch_cpu(index, plan, host, defer)
         step.launch_time = t0
         step.plan_s = plan_s
         step.launch_s = time.perf_counter() - t0
@@ -121,6 +131,20 @@ class ModelRunner:
 
     def _device_work(self, dev: DeviceInputs) -> SampleOutput:
         """Everything between 'inputs on the device' and 'tokens in the FutureMap'."""
+        return self._sample_part(self._forward(dev), dev)
+
+    def _sample_part(self, fwd: SampleOutput | _Logits, dev: DeviceInputs) -> SampleOutput:
+        """The sampler after :meth:`_forward` (nothing on the greedy graph fast path)."""
+        if isinstance(fwd, SampleOutput):
+            return fwd
+        out = self._sample_and_publish(fwd.logits, dev, fwd.gathered)
+        if fwd.prompt is not None:
+            out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = fwd.prompt
+        return out
+
+    def _forward(self, dev: DeviceInputs) -> SampleOutput | _Logits:
+        """The forward: the logits to sample from, or the tokens themselves on the greedy graph
+        fast path (the graph's argmax)."""
         if dev.graph_in is not None:
             return self._graph_decode(dev, dev.graph_in)
         f = dev.fields
@@ -152,14 +176,12 @@ class ModelRunner:
         with torch.inference_mode():
             logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B + E, V]
             if not num_prompt_rows:
-                return self._sample_and_publish(logits, dev, gathered)
+                return _Logits(logits, gathered, None)
             b = f.logits_idx.shape[0]
             prompt = prompt_logprobs(logits[b:], f.plp_target, dev.plp_top)
-            out = self._sample_and_publish(logits[:b], dev, gathered)
-        out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = prompt
-        return out
+        return _Logits(logits[:b], gathered, prompt)
 
-    def _graph_decode(self, dev: DeviceInputs, graph_in: torch.Tensor) -> SampleOutput:
+    def _graph_decode(self, dev: DeviceInputs, graph_in: torch.Tensor) -> SampleOutput | _Logits:
         """An all-decode step from a captured graph (table update, gather, forward, greedy
         publish inside); the sampler runs after it only when some row does not decode greedily."""
         graphs, fm = self.decode_graphs, self.future_map
@@ -176,7 +198,7 @@ class ModelRunner:
             # the output. A copy: the graph's buffer is rewritten by the next replay, maybe
             # before this step's device-to-host copy ran on the copy stream.
             return SampleOutput(g.tokens[:b].clone(), None, None, None)
-        return self._sample_and_publish(g.logits[:b], dev, g.input_ids[:b])
+        return _Logits(g.logits[:b], g.input_ids[:b], None)
 
     def _sample_and_publish(
         self, logits: torch.Tensor, dev: DeviceInputs, gathered: torch.Tensor | None
@@ -191,29 +213,51 @@ class ModelRunner:
         self.future_map.publish(dev.rows[idx], out.token_ids[idx], dev.gens[idx])
         return out
 
-    def _launch_cpu(self, index: int, plan: Plan, host: StepInputs) -> Step:
+    def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
         stream = self.cpu_stream
         assert stream is not None
-        sbatch = None if host.sampling is None else host.sampling.batch(self.device)
+        sbatch = None if host.sampling is None else host.sampling.batch(self.device, masks=not defer)
         dev = DeviceInputs.from_packed(host.packed, host, sbatch)
         result: dict[str, Any] = {}
         begin = stream.record(f"step{index}.forward_begin")
-        stream.submit(lambda: result.__setitem__("out", self._device_work(dev)))
-        materialized = stream.record(f"step{index}.materialized")
+        if defer:
+            stream.submit(lambda: result.__setitem__("fwd", self._forward(dev)))
+        materialized = DeviceEvent(f"step{index}.materialized")
+        copied = DeviceEvent(f"step{index}.copied")
 
-        def copy_out() -> None:
-            out: SampleOutput = result["out"]
-            result["host"] = _to_host(out)
+        def sample_and_copy(dev: DeviceInputs) -> None:
+            if defer:
+                stream.submit(lambda: result.__setitem__("out", self._sample_part(result.pop("fwd"), dev)))
+            else:
+                stream.submit(lambda: result.__setitem__("out", self._device_work(dev)))
+            stream.record(materialized.name, into=materialized)
 
-        stream.submit(copy_out)
-        copied = stream.record(f"step{index}.copied")
+            def copy_out() -> None:
+                out: SampleOutput = result["out"]
+                result["host"] = _to_host(out)
+
+            stream.submit(copy_out)
+            stream.record(copied.name, into=copied)
+
         step = self._step(index, plan, begin, materialized, copied, [])
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: result["host"]
+        if defer:
+            assert host.sampling is not None
+
+            def finish() -> None:
+                assert dev.sbatch is not None and host.sampling is not None
+                bits = fill_masks([g for _, g in host.sampling.grammar])
+                sample_and_copy(dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits)))
+
+            step.finish_launch = finish
+        else:
+            sample_and_copy(dev)
         return step
 
-    def _launch_cuda(self, index: int, plan: Plan, host: StepInputs) -> Step:
-        sbatch_host = None if host.sampling is None else host.sampling.batch("cpu")  # None: a greedy graph step
+    def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
+        # None: a greedy graph step. Deferred: the grammar rows are known, their masks are not.
+        sbatch_host = None if host.sampling is None else host.sampling.batch("cpu", masks=not defer)
         uploads = {"packed_i64": host.packed}
         sampling_tensors = {} if sbatch_host is None else sbatch_host.tensors()
         uploads.update({"s." + k: v for k, v in sampling_tensors.items()})
@@ -226,10 +270,47 @@ class ModelRunner:
         self.forward_stream.wait_stream(self.schedule_stream)
         with torch.cuda.stream(self.forward_stream):
             begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin")
-            out = self._device_work(dev)
-            materialized = cuda_record(self.forward_stream, None, f"step{index}.materialized")
-        self.copy_stream.wait_stream(self.forward_stream)
+            fwd = self._forward(dev) if defer else None
         bufs: dict[str, torch.Tensor] = {}
+        if fwd is None:
+            out, materialized, copied = self._sample_cuda(index, lambda: self._device_work(dev), bufs, None)
+            step = self._step(index, plan, begin, materialized, copied, [dev, out])
+        else:
+            # Placeholders, recorded by finish_launch(); a watcher may await them before that.
+            step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
+                              DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
+            assert host.sampling is not None and sbatch is not None
+            grammar = [g for _, g in host.sampling.grammar]
+
+            def finish() -> None:
+                # The masks, filled straight into pinned memory, then the sampler and the copy out.
+                words = mask_words(grammar[0].vocab_size)
+                pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
+                fill_masks(grammar, pinned)
+                with torch.cuda.stream(self.schedule_stream):
+                    bits = pinned.to(self.device, non_blocking=True)
+                self.forward_stream.wait_stream(self.schedule_stream)
+                masked = dataclasses.replace(dev, sbatch=dataclasses.replace(sbatch, mask_bits=bits))
+                out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
+                step.keepalive += [masked, out, pinned]
+
+            step.finish_launch = finish
+        step.prompt_spans = host.plp_spans
+        step.read_host = lambda: _bufs_to_outputs(bufs)
+        return step
+
+    def _sample_cuda(
+        self, index: int, work: Callable[[], SampleOutput], bufs: dict[str, torch.Tensor], step: Step | None
+    ) -> tuple[SampleOutput, DeviceEvent, DeviceEvent]:
+        """``work`` (the whole step, or a split step's sampler) on the forward stream and the
+        results' copy to ``bufs`` on the copy stream; the events are recorded into ``step``'s
+        placeholders when it is given."""
+        waiter = self.cuda_waiter
+        with torch.cuda.stream(self.forward_stream):
+            out = work()
+            materialized = cuda_record(self.forward_stream, None, f"step{index}.materialized",
+                                       into=None if step is None else step.materialized)  # fmt: skip
+        self.copy_stream.wait_stream(self.forward_stream)
         with torch.cuda.stream(self.copy_stream):
             for name in _OUTPUTS:
                 t = getattr(out, name)
@@ -239,11 +320,18 @@ class ModelRunner:
                     buf = self.out_staging.buffer(index, t.dtype, t.numel(), name).view(t.shape)
                     buf.copy_(t, non_blocking=True)
                     bufs[name] = buf
-            copied = cuda_record(self.copy_stream, self.cuda_waiter, f"step{index}.copied")
-        step = self._step(index, plan, begin, materialized, copied, [dev, out])
-        step.prompt_spans = host.plp_spans
-        step.read_host = lambda: _bufs_to_outputs(bufs)
-        return step
+            copied = cuda_record(self.copy_stream, waiter, f"step{index}.copied",
+                                 into=None if step is None else step.copied)  # fmt: skip
+        return out, materialized, copied
+
+
+class _Logits(NamedTuple):
+    """A forward's result before sampling: the logits of the sampled rows, the decodes' input
+    tokens (penalised requests read them), and the prompt logprobs when asked for."""
+
+    logits: torch.Tensor
+    gathered: torch.Tensor | None
+    prompt: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
 
 
 # What a step hands back to the host (SampleOutput's fields, StepOutputs' names).

@@ -63,6 +63,9 @@ class Step:
     # Device tensors and host buffers that must outlive the device's use of them.
     keepalive: list[Any] = field(default_factory=list)
     read_host: Callable[[], StepOutputs] | None = None
+    # A split launch (constrained rows whose masks wait for earlier steps' commits): launches
+    # the sampler and the copy out, resolving ``materialized`` and ``copied``; None once done.
+    finish_launch: Callable[[], None] | None = None
     # (entry, first prompt position, rows) of the prompt logprobs the step computed.
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
 

@@ -87,6 +87,12 @@ class StepLoop:
         self._uncommitted: set[Step] = set()  # launched, not yet committed (cancelled at shutdown)
         self._watchers: list[MemoryObjectSendStream[Step]] = []
         self._idle_before_next = True
+        # Split launch (structured outputs): the step whose sampler waits for the commits of the
+        # steps before it, and a wake-up for the planner, which launches nothing meanwhile (the
+        # next forward reads that sampler's tokens). ``split_masks``: whether steps may split.
+        self.split_masks = scheduler.config.constrained_lookahead
+        self._deferred: Step | None = None
+        self._sampled = Signal()
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -178,7 +184,10 @@ class StepLoop:
                     planned_t = time.perf_counter()
                     self._launching_since = time.monotonic()
                     try:
-                        step = self.runner.launch(plan, planned_t - plan_t0)  # in flight: the device runs it
+                        # in flight: the device runs it (a split launch: its forward, for now)
+                        step = self.runner.launch(
+                            plan, planned_t - plan_t0, self.split_masks and bool(self._uncommitted)
+                        )
                     finally:
                         self._launching_since = None
                 except Exception as exc:
@@ -188,6 +197,8 @@ class StepLoop:
                 step.planned.set(planned_t)
                 step.in_flight.set(step.launch_time)
                 self._uncommitted.add(step)
+                if step.finish_launch is not None:
+                    self._deferred = step
                 self._launched_at.append(time.monotonic())
                 for seq in plan.seqs:
                     seq.req.inflight += 1
@@ -213,6 +224,9 @@ class StepLoop:
         KV is short while steps are in flight (retraction needs a settled state)."""
         await self.slots.acquire()
         while self.broken is None:
+            if self._deferred is not None:
+                await self._sampled.wait()  # its sampler launches after the next commit
+                continue
             t0 = time.perf_counter()
             self._end_stuck()
             result = self.scheduler.schedule(pipeline_busy=self.slots.in_use > 1)
@@ -258,9 +272,32 @@ class StepLoop:
                 step.committed.set(t0 + commit_s)
                 self._uncommitted.discard(step)
                 self._launched_at.popleft()
+                deferred = self._deferred
+                # Every step before a split one is committed: its masks can be filled now.
+                if deferred is not None and self._uncommitted == {deferred} and not self._finish_launch(deferred):
+                    return
                 self.recorder.record(step, commit_s, t0)
                 self.slots.release()
                 self.work.set()
+
+    def _finish_launch(self, step: Step) -> bool:
+        """Launch a split step's sampler (its masks read the matchers just advanced); False if
+        that broke the engine."""
+        assert step.finish_launch is not None
+        t0 = time.perf_counter()
+        self._launching_since = time.monotonic()
+        try:
+            step.finish_launch()
+        except Exception as exc:
+            self._fail_everything(f"launching step {step.index}'s sampler raised {exc!r}", exc)
+            return False
+        finally:
+            self._launching_since = None
+        step.finish_launch = None
+        step.launch_s += time.perf_counter() - t0
+        self._deferred = None
+        self._sampled.set()
+        return True
 
     # -- what the coroutines share ---------------------------------------------------
 

@@ -106,13 +106,14 @@ def make_sampling_batch(
     output_ids_list: Sequence[Sequence[int]],
     device: torch.device | str,
     banned_list: Sequence[Collection[int]] | None = None,
-    masks: tuple[list[int], Tensor] | None = None,
+    masks: tuple[list[int], Tensor | None] | None = None,
 ) -> SamplingBatch:
     """Build a :class:`SamplingBatch` from plain Python values (host work, one upload per
     tensor). Host flags only count non-greedy rows for top-k/top-p/min-p, since greedy rows
     ignore those knobs. ``banned_list``: per row, token ids that must not be sampled this
     step (a request under its ``min_tokens`` bans its stop ids); they override its bias.
-    ``masks``: (rows, [R, words] int32 bitmasks) of the rows a grammar constrains."""
+    ``masks``: (rows, [R, words] int32 bitmasks) of the rows a grammar constrains; the bitmasks
+    may be None, to be set later (``mask_bits``: a split launch)."""
     n = len(params_list)
     if not (len(seeds) == len(steps) == len(prompt_ids_list) == len(output_ids_list) == n):
         raise ValueError("make_sampling_batch: all per-row lists must have the same length")
@@ -166,7 +167,7 @@ def make_sampling_batch(
         bias_index=i64(bias_rows + bias_ids).view(2, -1) if bias_rows else None,
         bias_values=f32(bias_vals) if bias_rows else None,
         mask_rows=None if masks is None else i64(masks[0]),
-        mask_bits=None if masks is None else masks[1].to(device),
+        mask_bits=None if masks is None or masks[1] is None else masks[1].to(device),
         all_greedy=not sampled_rows,
         any_top_k=any(top_ks[i] > 0 for i in sampled_rows),
         any_top_p=any(top_ps[i] < 1.0 for i in sampled_rows),

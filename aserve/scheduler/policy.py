@@ -8,6 +8,7 @@ token budget per step.
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,10 @@ class SchedulerConfig:
     lpm_max_skips: int = 8
     # Outputs a request may have launched but not committed (pipeline depth - 1).
     max_lookahead: int = 1
+    # Constrained (structured-output) requests too: their steps split their launch, the sampler
+    # waiting for the commits its masks need. False: they wait for every commit instead (a
+    # look-ahead of zero; ASERVE_SPLIT_MASKS=0, kept to measure one against the other).
+    constrained_lookahead: bool = True
 
     @classmethod
     def from_engine(cls, cfg: EngineConfig) -> SchedulerConfig:
@@ -51,6 +56,7 @@ class SchedulerConfig:
             debug=cfg.debug,
             schedule_policy=cfg.schedule_policy,
             max_lookahead=cfg.pipeline_depth - 1,
+            constrained_lookahead=os.environ.get("ASERVE_SPLIT_MASKS", "1") != "0",
         )
 
 
@@ -168,12 +174,15 @@ class Scheduler:
 
     def schedule(self, pipeline_busy: bool) -> Plan | Blocked:
         budget = self.config.max_num_batched_tokens
+        lookahead = self.config.constrained_lookahead
         # The hot loop of every step, once per running request, with Req's properties inlined:
         # prefill done, not finished, not ending by length once more is launched. A request
         # with penalties reads its outputs so far, and the launch path stands in for one
         # uncommitted output (the FutureMap's), not two: at depth 3 it waits for a commit.
-        # A structured request's mask is computed on the host from its committed tokens, so
-        # it waits for every launched token's commit (a look-ahead of zero).
+        # A structured request's mask is computed on the host from its committed tokens: with
+        # ``constrained_lookahead`` its step is split (the forward now, the sampler once the
+        # steps before it are committed), else it waits for every launched token's commit (a
+        # look-ahead of zero).
         decodes = [
             r
             for r in self.running
@@ -182,7 +191,7 @@ class Scheduler:
             and not r.abort_requested
             and not r.length_reached(r.num_launched_outputs)
             and (r.num_launched_outputs - len(r.output_ids) <= 1 or not r.params.has_penalty)
-            and (r.grammar is None or r.num_launched_outputs == len(r.output_ids))
+            and (r.grammar is None or lookahead or r.num_launched_outputs == len(r.output_ids))
         ]
         decodes = decodes[:budget]
         if not self._room_for(self._decode_pages(decodes)):  # cached, unused prefixes go before anyone is retracted
