@@ -15,6 +15,7 @@ from typing import Any
 
 from aserve.config import add_engine_args, engine_config_from_args
 from aserve.logs import configure_logging
+from aserve.ray.command import add_ray_args
 from aserve.server.limits import BodyLimits
 
 API_KEY_ENV = "ASERVE_API_KEY"
@@ -47,6 +48,7 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
         help="HTTP front-end processes around the engine core (0: one process, as embedded); "
         "default: with CUDA one per two spare cores up to 8, on a CPU 0",
     )
+    add_ray_args(p)
     add_engine_args(p)
     p.set_defaults(handler=run_serve)
     return p
@@ -66,6 +68,12 @@ def run_serve(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     # An empty key would accept an empty token, so treat it as "no key given".
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    body = BodyLimits(args.max_body_bytes, args.body_timeout, args.sse_keepalive)
+    if args.ray:
+        from aserve.ray.command import run_serve_on_ray
+
+        return run_serve_on_ray(args, config, api_key=api_key, served_model_name=args.served_model_name or config.model,
+                                body=body)  # fmt: skip
     from aserve.ipc.launcher import default_api_workers, serve_with_front_ends
 
     workers = args.api_workers if args.api_workers is not None else default_api_workers(config)
@@ -81,7 +89,7 @@ def run_serve(args: argparse.Namespace) -> int:
         "port": args.port,
         "api_key": api_key,
         "served_model_name": args.served_model_name or config.model,
-        "body": BodyLimits(args.max_body_bytes, args.body_timeout, args.sse_keepalive),
+        "body": body,
         "shutdown_timeout": args.shutdown_timeout,
         "sockets": sockets,
     }

@@ -55,7 +55,9 @@ def _server(request: Request) -> ServerState:
     return cast(ServerState, request.state.server)
 
 
-async def _read_json(request: Request, limits: BodyLimits) -> Any:
+async def read_body(request: Request, limits: BodyLimits) -> bytes:
+    """The whole body, or 413 past ``limits.max_bytes`` and 408 past ``limits.timeout_s``
+    (also the Ray ingress's, which must read a body before it can route it)."""
     limit = limits.max_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
@@ -69,8 +71,13 @@ async def _read_json(request: Request, limits: BodyLimits) -> Any:
     if arrival.cancelled_caught:
         # The body was not read to its end, so the connection cannot be reused: Hypercorn closes it.
         raise APIError(408, f"the request body did not arrive within {limits.timeout_s:g} s", "invalid_request_error")
+    return bytes(body)
+
+
+async def _read_json(request: Request, limits: BodyLimits) -> Any:
+    body = await read_body(request, limits)
     try:
-        value = json.loads(bytes(body).decode("utf-8"))
+        value = json.loads(body.decode("utf-8"))
     except UnicodeDecodeError as exc:
         raise APIError(400, f"request body is not valid UTF-8: {exc}", "invalid_request_error") from exc
     except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, or an int of over 4300 digits
