@@ -16,6 +16,8 @@ COUNTERS = {
     "host_commit_s": ("aserve_host_commit_seconds", "host_commit_s"),
     "engine_steps": ("aserve_engine_steps", "num_steps"),
     "output_tokens": ("aserve_output_tokens", "output_tokens"),
+    "cache_hit_tokens": ("aserve_prefix_cache_hit_tokens", "cache_hit_tokens"),
+    "cache_queried_tokens": ("aserve_prefix_cache_queried_tokens", "cache_queried_tokens"),
 }
 
 
@@ -50,6 +52,9 @@ def delta(before: dict[str, float] | None, after: dict[str, float] | None) -> di
     busy, gap = d.get("device_busy_s"), d.get("device_gap_s")
     if busy is not None and gap is not None and busy + gap > 0:
         d["device_gap_fraction"] = gap / (busy + gap)  # share of device time lost between steps
+    hits, queried = d.get("cache_hit_tokens"), d.get("cache_queried_tokens")
+    if hits is not None and queried:
+        d["cache_hit_rate"] = hits / queried  # prompt tokens served from the prefix cache, this run
     steps = d.get("engine_steps")
     if steps and gap is not None:
         d["mean_gap_per_step_ms"] = gap / steps * 1000

@@ -49,13 +49,14 @@ def application(
         if options.autoscaling is not None
         else {"num_replicas": options.replicas}
     )
-    # Built from a dict: its pydantic __init__ is typed as taking only dicts.
+    # Built from a dict: its pydantic __init__ is typed as taking only dicts. The policy's
+    # name travels with each request (the ingress's option), not here: changing it then
+    # redeploys only the ingress, and the replicas keep their engines and caches.
     router_fields: dict[str, Any] = {
         "request_router_class": AserveRequestRouter,
         "request_router_kwargs": {
             "balance_abs": options.balance.abs,
             "balance_rel": options.balance.rel,
-            "default_routing": options.routing,
         },
         "request_routing_stats_period_s": options.stats_period_s,
         "request_routing_stats_timeout_s": max(5.0, 5 * options.stats_period_s),

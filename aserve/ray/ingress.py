@@ -121,8 +121,11 @@ class Ingress:
             tg.cancel_scope.cancel()
 
         async def watch_disconnect() -> None:
-            while (await receive())["type"] != "http.disconnect":
-                pass
+            try:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+            except ray.exceptions.TaskCancelledError:
+                pass  # Serve's proxy cancelled the request: its client left
             tg.cancel_scope.cancel()
 
         try:

@@ -30,7 +30,8 @@ class AserveRequestRouter(RequestRouter):
     def initialize_state(  # type: ignore[override]  # Serve passes request_router_kwargs
         self, balance_abs: float = Balance.abs, balance_rel: float = Balance.rel, default_routing: str = "prefix"
     ) -> None:
-        """``request_router_kwargs`` of the deployment's ``request_router_config``."""
+        """``request_router_kwargs`` of the deployment's ``request_router_config``; the policy
+        comes with each request (``routing``), ``default_routing`` serves calls without one."""
         self._balance = Balance(abs=balance_abs, rel=balance_rel)
         self._default_routing = default_routing
         self._policies: dict[str, RoutingPolicy] = {}
