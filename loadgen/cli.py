@@ -161,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         "soak", help="N requests in flight for a duration, mixed endpoints and aborts; server RSS, fds, KV over time"
     )
     add_soak_args(soak)
+
+    from loadgen.simulate_cmd import add_simulate_args
+
+    sim = sub.add_parser(
+        "simulate", help="router policies against N simulated replicas (cost model): throughput and hit rate"
+    )
+    add_workload_args(sim)
+    add_simulate_args(sim)
     return parser
 
 
@@ -179,6 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from loadgen.soak_cmd import cmd_soak
 
         return anyio.run(cmd_soak, a, argv)
+    if a.command == "simulate":
+        from loadgen.simulate_cmd import cmd_simulate
+
+        return cmd_simulate(a)
     if a.command == "compare":
         from loadgen.compare import cmd_compare
 

@@ -1,5 +1,6 @@
 """The policy is pure: scheduling, request state, the KV allocators, the radix tree, the
-sampling parameters and the outputs import neither torch nor anyio (nor the engine), so they
+sampling parameters, the outputs and the replica routing policies import neither torch nor
+anyio (nor the engine, nor Ray), so they
 can be read, tested and reasoned about without a device, a model or an event loop."""
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ PURE = [
     "aserve.sampling_params",
     "aserve.outputs",
     "aserve.errors",
+    "aserve.routing.prefix",  # the replica router's policies: shared by Ray Serve and the simulator
+    "aserve.routing.policy",
 ]
-BLOCKED = ["torch", "anyio", "numpy", "aserve.engine", "aserve.device"]
+BLOCKED = ["torch", "anyio", "numpy", "aserve.engine", "aserve.device", "ray"]
 
 
 def test_policy_modules_import_without_torch_anyio_or_the_engine() -> None:

@@ -76,6 +76,7 @@ def application(
         serve.ingress()(Ingress),
         name=INGRESS_DEPLOYMENT,
         ray_actor_options={"num_cpus": 0},
+        num_replicas=options.ingress_replicas,
         max_ongoing_requests=100_000,  # it only relays; the replicas' queues are the limit
     )
     replica_opts = ReplicaOptions(config, api_key, served_model_name or config.model, body)

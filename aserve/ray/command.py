@@ -40,6 +40,8 @@ def add_ray_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus-per-replica", type=float, default=None,
                    help="GPUs per replica (default: 1 with CUDA, else 0)")  # fmt: skip
     g.add_argument("--cpus-per-replica", type=float, default=1.0, help="CPUs per replica (default: %(default)s)")
+    g.add_argument("--ingress-replicas", type=int, default=1,
+                   help="ingress replicas relaying the HTTP streams (default: %(default)s)")  # fmt: skip
     g.add_argument("--autoscaling-config", type=json.loads, default=None,
                    help="Serve's autoscaling_config as JSON, passed through (replaces --replicas), e.g. "
                    '\'{"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 64}\'')  # fmt: skip
@@ -53,6 +55,7 @@ def ray_options_from_args(args: argparse.Namespace) -> RayOptions:
         routing=args.routing,
         balance=Balance(abs=args.balance_abs, rel=args.balance_rel),
         autoscaling=args.autoscaling_config,
+        ingress_replicas=args.ingress_replicas,
     )
 
 

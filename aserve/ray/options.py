@@ -22,4 +22,7 @@ class RayOptions:
     # target_ongoing_requests, ...): passed through as is; replaces ``replicas``.
     autoscaling: Mapping[str, Any] | None = None
     max_ongoing_requests: int = 1024  # per replica: the engine queues and sheds load itself (429)
+    # Ingress replicas: each relays every SSE chunk of its requests in one Python process, so
+    # past one engine replica's worth of streams give it more (Serve's proxy spreads them).
+    ingress_replicas: int = 1
     stats_period_s: float = 1.0  # how often Serve polls each engine's load for the router
