@@ -73,10 +73,10 @@ def run_serve_on_ray(
         return 2
     app = application(config, ray_options_from_args(args), api_key=api_key, served_model_name=served_model_name,
                       body=body)  # fmt: skip
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
     ray.init(address=args.ray_address, logging_level=logging.WARNING)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
+        signal.signal(sig, lambda *_: stop.set())
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
         serve.run(app, name=APP_NAME, route_prefix="/")
