@@ -24,22 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from aserve.bench.served import _loadgen, _port, _row
-
-
-def _wait_ready(base: str, server: subprocess.Popen[bytes], log: Path, timeout_s: float = 900) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        assert server.poll() is None, f"server exited: see {log}"
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        assert time.monotonic() < deadline, "server not ready"
-        time.sleep(1.0)
+from aserve.bench.served import _loadgen, _model_path, _port, _row, _wait_ready
 
 
 def main() -> int:
@@ -60,12 +45,7 @@ def main() -> int:
     work = Path(a.work_dir)
     runs = work / "ray-scale-runs"
     runs.mkdir(parents=True, exist_ok=True)
-    if a.model:
-        path = Path(a.model)
-    else:
-        from aserve.bench.checkpoints import build_checkpoint
-
-        path, _ = build_checkpoint("gemma3-270m", work, Path(a.tokenizer_dir))
+    path = _model_path(a.model, work, a.tokenizer_dir)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
@@ -84,7 +64,7 @@ def main() -> int:
         with open(log_path, "wb") as log:
             server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
             try:
-                _wait_ready(base, server, log_path)
+                _wait_ready(base, server, log_path, timeout_s=900)
                 for rate in [float(r) for r in a.rates.split(",") if r.strip()]:
                     label = f"w3_replicas{n}_rate{rate:g}"
                     s = _loadgen(["--base-url", base, "--model", "bench", "--ready-timeout", "900", "--workload",

@@ -39,6 +39,30 @@ def _loadgen(args: list[str], out: Path, label: str, env: dict[str, str]) -> dic
     return dict(json.loads((out / f"{label}.json").read_text()))
 
 
+def _model_path(model: str | None, work: Path, tokenizer_dir: str, shape: str = "gemma3-270m") -> Path:
+    """``model`` (a checkpoint directory), else random weights of ``shape`` built under ``work``."""
+    if model:
+        return Path(model)
+    from aserve.bench.checkpoints import build_checkpoint
+
+    path, _ = build_checkpoint(shape, work, Path(tokenizer_dir))
+    return path
+
+
+def _wait_ready(base: str, server: subprocess.Popen[bytes], log: Path, timeout_s: float = 600) -> None:
+    """Until ``base``/health answers 200; fails if the server exits first (see ``log``)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert server.poll() is None, f"server exited: see {log}"
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, "server not ready"
+        time.sleep(0.5)
+
+
 def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
     server = s.get("server") or {}
     busy, gap = server.get("device_busy_s"), server.get("device_gap_s")
@@ -118,12 +142,7 @@ def main() -> int:
     work = Path(a.work_dir)
     runs = work / "served-runs"
     runs.mkdir(parents=True, exist_ok=True)
-    if a.model:
-        path = Path(a.model)
-    else:
-        from aserve.bench.checkpoints import build_checkpoint
-
-        path, _ = build_checkpoint("tiny-gemma3" if a.tiny else "gemma3-270m", work, Path(a.tokenizer_dir))
+    path = _model_path(a.model, work, a.tokenizer_dir, "tiny-gemma3" if a.tiny else "gemma3-270m")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     n, conc, ln = a.requests, a.concurrency, a.len
     work_args = ["--workload", "random", "--num-requests", str(n), "--input-len", str(ln), "--output-len", str(ln),
@@ -157,16 +176,7 @@ def main() -> int:
         log = open(runs / f"server_w{workers}.log", "wb")  # noqa: SIM115 - closed below
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            deadline = time.monotonic() + 600
-            while True:
-                assert server.poll() is None, f"server exited: see {runs}/server_w{workers}.log"
-                try:
-                    if httpx.get(base + "/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "server not ready"
-                time.sleep(0.5)
+            _wait_ready(base, server, runs / f"server_w{workers}.log")
             http_args = ["--base-url", base, "--model", "bench", "--ready-timeout", "600"]
             for rep in range(a.repeats):
                 label = f"served_w{workers}_r{rep}"

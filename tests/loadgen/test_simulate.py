@@ -44,3 +44,21 @@ def test_a_small_pool_evicts_and_every_request_still_finishes() -> None:
     res = simulate(items, [0.0] * len(items), 2, "least-loaded", small)
     assert res.requests == 40 and res.output_tokens == 40 * 50
     assert res.hit_rate == 0.0  # no shared prefixes
+
+
+def test_simulate_command_replays_a_trace_over_replica_counts(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from loadgen.cli import main
+
+    trace = tmp_path / "trace.jsonl"
+    rows = [{"timestamp": 0.5 * k, "input_length": 64 + 16 * (k % 3), "output_length": 8} for k in range(30)]
+    trace.write_text("\n".join(json.dumps(r) for r in rows))
+    out = tmp_path / "sim.json"
+    assert main(["simulate", "--workload", "trace", "--dataset", str(trace), "--replicas", "1,2",
+                 "--out", str(out)]) == 0  # fmt: skip
+    doc = json.loads(out.read_text())
+    cells = {(r["replicas"], r["policy"]): r for r in doc["results"]}
+    assert set(cells) == {(n, p) for n in (1, 2) for p in ("prefix", "round-robin", "least-loaded")}
+    assert all(r["requests"] == 30 and r["output_tokens"] == 30 * 8 for r in cells.values())
+    assert sum(cells[(2, "round-robin")]["per_replica_requests"]) == 30

@@ -170,7 +170,7 @@ def _replica_actor(replica: str):  # type: ignore[no-untyped-def]
 
 def test_a_dead_replica_fails_only_its_requests(base_url: str) -> None:
     with httpx.Client(base_url=base_url, timeout=180) as client:
-        streams = [_stream_replica(client, f"Story number {k} begins with a", 48) for k in range(4)]
+        streams = [_stream_replica(client, f"Story number {k} begins with a", 96) for k in range(4)]
         replicas = {r for _, r in streams}
         assert len(replicas) == 2, f"4 unrelated prompts went to {replicas}"
         iters = [resp.iter_lines() for resp, _ in streams]
