@@ -96,7 +96,9 @@ class SamplingParams:
     id or stop string ends the request before this many tokens (vLLM's parameter).
     ``prompt_logprobs``: the logprob of every prompt token after the first, with this many
     alternatives (vLLM's parameter; OpenAI's ``echo`` with ``logprobs``); such a request does
-    not read the prefix cache, whose pages come without the logits.
+    not read the prefix cache, whose pages come without the logits. ``max_tokens=0``: the
+    prompt is only prefilled (its prompt logprobs computed, if asked) and the request ends
+    with ``"length"`` and no output token (OpenAI's ``echo`` with ``max_tokens`` 0).
     """
 
     max_tokens: int = 16
@@ -170,8 +172,8 @@ class SamplingParams:
         def bad(param: str, msg: str) -> InvalidRequestError:
             return InvalidRequestError(f"{param} {msg}", param=param)
 
-        if not _is_int(self.max_tokens) or self.max_tokens < 1:
-            raise bad("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not _is_int(self.max_tokens) or self.max_tokens < 0:
+            raise bad("max_tokens", f"must be an integer >= 0, got {self.max_tokens!r}")
         if not _is_real(self.temperature) or not 0.0 <= self.temperature <= MAX_TEMPERATURE:
             raise bad("temperature", f"must be in [0, {MAX_TEMPERATURE:g}] (0 means greedy), got {self.temperature!r}")
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:

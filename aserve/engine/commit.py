@@ -55,13 +55,20 @@ class Committer:
             req.inflight -= 1
             assert req.inflight >= 0, f"{req.rid}: more commits than launches"
             if req.finish_reason is None:  # a finished request's token is overshoot: dropped
+                ends_prefill = False
                 if entry.input_ids is not None:
                     # A prefill chunk's KV is written now: publish it for other requests.
                     self.scheduler.prefix.publish(req, entry.kv_end)
-                if entry.samples and req.params.prompt_logprobs is not None and not req.prompt_logprobs:
+                    ends_prefill = entry.kv_end == len(req.fill_ids)
+                if ends_prefill and req.params.prompt_logprobs is not None and not req.prompt_logprobs:
                     req.prompt_logprobs.append(None)  # a one-token prompt: nothing to compute
                     if req.cell is not None:
                         req.cell.prompt_logprobs = req.prompt_logprobs
+                if ends_prefill and not entry.samples:
+                    # max_tokens 0: the prompt is prefilled (and its logprobs are in the cell)
+                    # and nothing is sampled; the request ends here by length.
+                    assert req.length_reached(len(req.output_ids)), f"{req.rid}: last chunk without a sample"
+                    self.finish(req, "length")
                 if entry.samples:
                     assert req.generation == entry.generation, (
                         f"{req.rid}: row generation {req.generation} != launched {entry.generation}"

@@ -218,7 +218,8 @@ def _take(rid: str, req: Req) -> m.Output | None:
         return None
     error = cell.error
     prompt_lps = None
-    if ids and cell.pushed == len(ids) and cell.prompt_logprobs is not None:  # the choice's first tokens
+    # The choice's first tokens, or its end without any (max_tokens 0: only the prompt's logprobs).
+    if (ids or finished) and cell.pushed == len(ids) and cell.prompt_logprobs is not None:
         prompt_lps = [None if lp is None else (lp.token_id, lp.logprob, list(lp.top)) for lp in cell.prompt_logprobs]
     return m.Output(
         rid=rid,

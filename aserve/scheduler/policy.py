@@ -256,7 +256,7 @@ class Scheduler:
             # it rather than wait for a commit that will never come.
             self.failed.append((self.waiting.popleft(), None))
             return False
-        blocked = [r for r in live if not r.length_reached(r.num_launched_outputs)]
+        blocked = [r for r in live if not (r.prefill_done and r.length_reached(r.num_launched_outputs))]
         if not blocked:
             return False
         if len(live) > 1:
@@ -368,7 +368,9 @@ class Scheduler:
             return None
         if slots is None:  # counted as free above, yet refused: the request waits for a later step
             return None
-        last = start + n == len(r.fill_ids)
+        # The last chunk samples the first output, unless the request wants none
+        # (max_tokens 0: it ends at this chunk's commit, with only its prompt logprobs).
+        samples = start + n == len(r.fill_ids) and not r.length_reached(r.num_launched_outputs)
         plan = SeqPlan(
             req=r,
             row=r.row,
@@ -377,13 +379,13 @@ class Scheduler:
             extend_len=n,
             slots=slots,
             input_ids=r.fill_ids[start : start + n],
-            samples=last,
+            samples=samples,
             output_index=r.num_launched_outputs,
             pending_output=False,
         )
         r.num_computed += n
         self.prefill_tokens_computed += n
-        if last:
+        if samples:
             r.num_launched_outputs += 1
         return plan
 

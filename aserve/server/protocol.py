@@ -232,6 +232,9 @@ def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
 class CompletionRequest(_SamplingFields):
     # A string, token ids, or a list of either (one choice per prompt, times n).
     prompt: str | TokenIds | list[str] | list[TokenIds]
+    # 0 is allowed here (as OpenAI and vLLM allow it): with echo, the answer is the prompt
+    # (with its logprobs), finish_reason "length" and no completion token.
+    max_tokens: StrictInt | None = _documented(minimum=0)
     logprobs: StrictInt | None = _documented(minimum=0, maximum=20)
     echo: StrictBool | None = False
     best_of: StrictInt | None = None  # only best_of == n (OpenAI's default: 1) is accepted
@@ -297,6 +300,10 @@ class ChatCompletionRequest(_SamplingFields):
 
     def sampling_params(self) -> SamplingParams:
         limit = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        if limit == 0:
+            # Only /v1/completions has a use for it (echo); a chat answer of nothing is a mistake.
+            name = "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+            raise InvalidRequestError(f"{name} must be at least 1 for a chat completion, got 0", param=name)
         top = self.top_logprobs
         logprobs = (top or 0) if self.logprobs else None
         if top is not None and not self.logprobs:

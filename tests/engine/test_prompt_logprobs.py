@@ -71,3 +71,60 @@ def plain_tokens(hf: Any, prompt: list[int]) -> list[int]:
 
     ids, _ = hf_greedy(hf, prompt, 2)
     return list(ids)
+
+
+@pytest.mark.parametrize("overlap", [True, False], ids=["overlap", "serial"])
+def test_max_tokens_zero_only_prefills(tiny_gemma: tuple[Path, Any], overlap: bool) -> None:
+    """max_tokens 0 (OpenAI's echo-only request): the prompt's logprobs, no output token,
+    finish "length", the KV ledger back to free, overlap and serial alike; streamed and
+    whole, for several prompts at once (one of a single token, one prefilled in chunks),
+    beside a request that generates, and from a prompt the prefix cache holds."""
+    path, hf = tiny_gemma
+    rng = random.Random(1)
+    prompts = [[1] + [rng.randrange(3, 384) for _ in range(n)] for n in (40, 9, 0)]
+    k = 2
+    zero = aserve.SamplingParams(max_tokens=0, prompt_logprobs=k)
+
+    async def run() -> tuple[list[aserve.CompletionResult], list[list[aserve.Delta]], aserve.CompletionResult]:
+        async with aserve.Engine(model=str(path), device="cpu", dtype="float32", warmup=False, debug=True,
+                                 max_num_batched_tokens=16, overlap=overlap) as engine:  # fmt: skip
+            results: list[aserve.CompletionResult] = []
+            deltas: list[list[aserve.Delta]] = []
+            neighbour: list[aserve.CompletionResult] = []
+
+            async def generating() -> None:
+                neighbour.append(await engine.complete(prompts[1], aserve.SamplingParams(max_tokens=6, temperature=0,
+                                                                                          ignore_eos=True)))  # fmt: skip
+
+            async def streamed(prompt: list[int]) -> None:
+                deltas.append([d async for d in engine.generate(prompt, zero)])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(generating)
+                results.append(await engine.complete_many(prompts, zero))
+                tg.start_soon(streamed, prompts[0])
+            # No prompt logprobs: the prefix cache holds this prompt now, and its last token
+            # is still computed, then nothing is sampled.
+            results.append(await engine.complete(prompts[0], aserve.SamplingParams(max_tokens=0)))
+            ledger = engine.ledger()
+            assert ledger.balanced and ledger.all_free, ledger
+            return results, deltas, neighbour[0]
+
+    (many, cached), (stream,), neighbour = anyio.run(run)
+    from tests.tiny import hf_greedy
+
+    assert neighbour.token_ids == list(hf_greedy(hf, prompts[1], 6)[0])
+    assert many.usage.completion_tokens == 0 and many.usage.prompt_tokens == sum(len(p) for p in prompts)
+    assert [o.finish_reason for o in many.outputs] == ["length"] * 3
+    assert all(o.token_ids == [] and o.text == "" for o in many.outputs)
+    assert cached.outputs[0].finish_reason == "length" and cached.outputs[0].token_ids == []
+    assert cached.outputs[0].prompt_logprobs is None and cached.usage.cached_tokens > 0
+    assert [(d.token_ids, d.finish_reason) for d in stream] == [([], "length")]
+    assert stream[0].prompt_logprobs == many.outputs[0].prompt_logprobs
+    for prompt, out in zip(prompts, many.outputs, strict=True):
+        got = out.prompt_logprobs
+        assert got is not None and len(got) == len(prompt) and got[0] is None
+        for j, (lp, (ref_lp, ref_top)) in enumerate(zip(got[1:], _reference(hf, prompt, k), strict=True), start=1):
+            assert lp is not None and lp.token_id == prompt[j]
+            assert abs(lp.logprob - ref_lp) < 1e-3, (j, lp.logprob, ref_lp)
+            assert [t for t, _ in lp.top] == ref_top, j

@@ -35,7 +35,7 @@ def _prompt(seed: int, n: int = 8) -> list[int]:
 @pytest.mark.parametrize(
     ("kwargs", "param"),
     [
-        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": 1.5}, "max_tokens"),  # 0 is allowed: the prompt only (echo)
         ({"max_tokens": -3}, "max_tokens"),
         ({"top_p": 0.0}, "top_p"),
         ({"top_p": 1.5}, "top_p"),

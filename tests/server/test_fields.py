@@ -64,6 +64,8 @@ REFUSED: list[tuple[str, tuple[str, dict[str, Any]], int, str]] = [
     ("empty prompt in a list", _cmpl(prompt=["a", ""]), 400, "prompt.1"),
     ("bad token id in a list", _cmpl(prompt=[[1, 2], [1, 10**9]]), 400, "prompt"),
     ("too many choices", _cmpl(prompt=["a"] * 65, n=2), 400, "prompt"),
+    ("max_tokens 0 in chat", _chat(max_tokens=0), 400, "max_tokens"),
+    ("max_completion_tokens 0", _chat(max_completion_tokens=0), 400, "max_completion_tokens"),
     ("vLLM's older guided_* spelling", _chat(guided_choice=["a", "b"]), 400, "guided_choice"),
     ("a tool without a name", _chat(tools=[{"type": "function", "function": {}}]), 400, "tools"),
     ("tool_choice without tools", _chat(tool_choice="required"), 400, "tool_choice"),
@@ -190,6 +192,69 @@ def test_echo_and_prompt_logprobs(client: openai.OpenAI, tokenizer: Any) -> None
     assert "".join(c.choices[0].text for c in chunks) == choice.text
     tokens = [t for c in chunks for t in (c.choices[0].logprobs.tokens or [])]  # type: ignore[union-attr]
     assert tokens == lps.tokens
+
+
+def test_echo_with_max_tokens_zero(client: openai.OpenAI, tokenizer: Any) -> None:
+    """echo with max_tokens 0: the prompt and its logprobs, finish "length", no completion
+    token; a string, token ids and a list of prompts, streamed and not. The prompt logprobs
+    are the ones the same prompt reports when it also generates (checked against
+    transformers in tests/engine/test_prompt_logprobs.py), and the last one is the logprob
+    the server reported when it generated that token."""
+    text = "The capital of France is"
+    ids = tokenizer.encode(text, add_special_tokens=True)
+    first = client.completions.create(model=MODEL, prompt=ids, max_tokens=1, temperature=0, logprobs=1)
+    assert first.choices[0].logprobs is not None and first.choices[0].logprobs.token_logprobs is not None
+    with_next = ids + tokenizer.encode(first.choices[0].text)[:1]
+    kw: dict[str, Any] = {"model": MODEL, "echo": True, "logprobs": 2}
+    generating = client.completions.create(prompt=with_next, max_tokens=2, temperature=0, **kw).choices[0]
+    assert generating.logprobs is not None and generating.logprobs.token_logprobs is not None
+
+    def check(choice: Any, prompt_ids: list[int], echoed: str) -> None:
+        assert choice.text == echoed and choice.finish_reason == "length"
+        lps = choice.logprobs
+        assert lps.tokens == [tokenizer.token_text(t) for t in prompt_ids]
+        assert lps.token_logprobs[0] is None and lps.top_logprobs[0] is None
+        assert all(t is not None and 2 <= len(t) <= 3 for t in lps.top_logprobs[1:])
+
+    hello = tokenizer.encode("Hello", add_special_tokens=True)
+
+    def decoded(p: list[int]) -> str:
+        return str(tokenizer.decode(p, skip_special_tokens=False))
+
+    # (prompt, each prompt's ids, each echoed text): a string, ids, a list of each.
+    cases: list[tuple[Any, list[list[int]], list[str]]] = [
+        (text, [ids], [text]),
+        (with_next, [with_next], [decoded(with_next)]),
+        ([text, "Hello"], [ids, hello], [text, "Hello"]),
+        ([hello, with_next], [hello, with_next], [decoded(hello), decoded(with_next)]),
+    ]
+    for prompt, each, echoed in cases:
+        whole = client.completions.create(prompt=prompt, max_tokens=0, **kw)
+        assert whole.usage is not None and whole.usage.completion_tokens == 0
+        assert whole.usage.prompt_tokens == sum(len(e) for e in each)
+        for choice, e, t in zip(whole.choices, each, echoed, strict=True):
+            check(choice, e, t)
+            if e == with_next:
+                got = choice.logprobs.token_logprobs  # type: ignore[union-attr]
+                want = generating.logprobs.token_logprobs[: len(with_next)]
+                assert got[0] is None and want[0] is None
+                assert got[1:] == pytest.approx(want[1:], abs=1e-3)  # other batch shapes, other roundings
+                assert abs(got[-1] - first.choices[0].logprobs.token_logprobs[0]) < 1e-2  # type: ignore[index]
+        chunks = [c for c in client.completions.create(prompt=prompt, max_tokens=0, stream=True,
+                                                         stream_options={"include_usage": True}, **kw)]  # fmt: skip
+        by_index: dict[int, list[Any]] = {}
+        for c in chunks:
+            for ch in c.choices:
+                by_index.setdefault(ch.index, []).append(ch)
+        assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 0
+        for i, choice in enumerate(whole.choices):
+            (only,) = by_index[i]  # one chunk per choice: the prompt, its logprobs and the end
+            assert only.text == choice.text and only.finish_reason == "length"
+            streamed, returned = only.logprobs.token_logprobs, choice.logprobs.token_logprobs  # type: ignore[union-attr]
+            assert streamed[0] is None and streamed[1:] == pytest.approx(returned[1:], abs=1e-3)
+    # Without logprobs: just the prompt back.
+    plain = client.completions.create(model=MODEL, prompt=text, max_tokens=0, echo=True)
+    assert plain.choices[0].text == text and plain.choices[0].finish_reason == "length"
 
 
 def _force(tokenizer: Any, piece: str) -> int:
