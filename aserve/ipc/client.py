@@ -7,7 +7,10 @@ in its ``Welcome``), then sent as ``Add``; the core's ``Outputs`` messages fill 
 output cells a local engine fills, so streams, detokenization, stop-string text limits and
 ``complete`` are the engine's own code (``aserve/engine/stream.py``).
 
-If the core stops answering (no ``Status`` for ``CORE_TIMEOUT_S``), every request fails with
+If the core's engine fails (the core says so in a ``Status``, or a request ends with
+:class:`EngineFailedError`), ``failure`` is set with that error and ``failed`` fires: every
+request fails with it and the server answers 503 ``engine_failed`` until the core goes. If the
+core stops answering (no ``Status`` for ``CORE_TIMEOUT_S``), every request fails with
 :class:`EngineClosedError` and ``dead`` is set: the server answers 503 and exits.
 """
 
@@ -32,7 +35,7 @@ from aserve import errors
 from aserve.engine.admission import Admission, AdmissionLimits, Prompt
 from aserve.engine.setup import load_tokenizer
 from aserve.engine.stream import RequestStream, collect_result
-from aserve.errors import AserveError, EngineClosedError
+from aserve.errors import AserveError, EngineClosedError, EngineFailedError
 from aserve.ipc import messages as m
 from aserve.logs import get_logger
 from aserve.outputs import CompletionResult, TokenLogprob
@@ -68,6 +71,8 @@ class EngineClient:
         self.dead = anyio.Event()  # the core stopped answering
         self.service_ready = anyio.Event()  # the core says every front end is ready
         self.broken: BaseException | None = None
+        self.failure: EngineFailedError | None = None  # the core's engine stopped after a fault
+        self.failed = anyio.Event()  # set with ``failure``
         self.live: dict[str, list[Req]] = {}
         self._admitted: dict[str, anyio.Event] = {}
         self._rejected: dict[str, AserveError] = {}
@@ -268,6 +273,8 @@ class EngineClient:
         signal: Signal | None = None,
         wake_every: int | None = None,
     ) -> list[Req]:
+        if self.failure is not None:
+            raise EngineFailedError(str(self.failure))
         if self.broken is not None:
             raise EngineClosedError(f"the engine core is unavailable: {self.broken}")
         if self._closed or self._outbox is None or self._admission is None:
@@ -347,17 +354,31 @@ class EngineClient:
         if self.dead.is_set():
             return
         log.error("engine_core_gone", reason=why)
-        self.broken = EngineClosedError(f"the engine core is unavailable ({why})")
+        # After the engine's fault, that fault stays the reason given.
+        self._fail_all(self.failure or EngineClosedError(f"the engine core is unavailable ({why})"))
+        self.dead.set()
+
+    def _core_failed(self, message: str) -> None:
+        """The core's engine stopped after a fault: its requests are over and no new one is
+        taken, while the core (and this front end) still run until it has closed."""
+        if self.failure is not None:
+            return
+        log.error("engine_core_failed", error=message)
+        self.failure = EngineFailedError(message)
+        self._fail_all(self.failure)
+        self.failed.set()
+
+    def _fail_all(self, error: AserveError) -> None:
+        self.broken = error
         for reqs in list(self.live.values()):
             for req in reqs:
                 if req.cell is not None and not req.finished:
                     req.finish_reason = "abort"
-                    req.cell.fail(self.broken)
+                    req.cell.fail(error)
         self.live.clear()
         for event in self._admitted.values():
             event.set()
         self.service_ready.set()  # nobody waits for readiness that will not come
-        self.dead.set()
 
     async def _receive_loop(self) -> None:
         while True:
@@ -367,6 +388,8 @@ class EngineClient:
             elif isinstance(msg, m.Status):
                 self._status = msg
                 self._last_status = time.monotonic()
+                if msg.failure is not None:
+                    self._core_failed(msg.failure)
                 if msg.ready:
                     self.service_ready.set()
             elif isinstance(msg, m.Accepted):
@@ -423,6 +446,10 @@ class EngineClient:
             if item.error is not None:
                 req.finish_reason = "abort"
                 cell.fail(error_from(item.error, item.error_message or item.error))
+                if item.error == EngineFailedError.__name__:
+                    # The engine's fault reaches this front end with its requests' errors,
+                    # maybe before the core's Status says so: /health must not lag the 503 sent.
+                    self._core_failed(item.error_message or item.error)
             elif item.finish_reason is not None:
                 cell.text_limit = item.text_limit
                 self._finish(req, item.finish_reason, item.stop_reason)

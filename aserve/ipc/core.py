@@ -2,7 +2,8 @@
 
 One ROUTER socket. Each front end (a DEALER whose identity names it) sends ``Add`` /
 ``Abort`` / ``Query`` / ``Hello``; the core answers ``Welcome`` to a front end's first ``Hello``
-and sends every front end a ``Status`` heartbeat. A front end's requests share one wake-up
+and sends every front end a ``Status`` heartbeat (at once, and from then on in every beat, when
+the engine fails: every front end then answers 503 ``engine_failed``). A front end's requests share one wake-up
 signal, so its sender coroutine wakes once per step (the commit pushes a whole step's tokens
 synchronously) and sends one ``Outputs`` message with every choice that has something new:
 never one message per token.
@@ -21,7 +22,7 @@ import zmq.asyncio
 
 from aserve import errors
 from aserve.engine import Engine
-from aserve.errors import AserveError
+from aserve.errors import AserveError, EngineFailedError
 from aserve.ipc import messages as m
 from aserve.logs import get_logger
 from aserve.scheduler.req import Req
@@ -61,6 +62,8 @@ class CoreService:
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._tg: anyio.abc.TaskGroup | None = None
         self.messages_sent = 0
+        self.failure: EngineFailedError | None = None  # the engine's fault, once it happened
+        self.failure_told = anyio.Event()  # every front end was sent it
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[CoreService]:
@@ -70,6 +73,7 @@ class CoreService:
                 self._tg = tg
                 tg.start_soon(self._receive_loop, name="aserve.core.receive")
                 tg.start_soon(self._status_loop, name="aserve.core.status")
+                tg.start_soon(self._failure_loop, name="aserve.core.failure")
                 try:
                     yield self
                 finally:
@@ -182,8 +186,19 @@ class CoreService:
                     await self._send(fe, self._status())
             await anyio.sleep(STATUS_INTERVAL_S)
 
+    async def _failure_loop(self) -> None:
+        """Tell every front end the moment the engine fails, not at the next beat: their
+        /health and new requests answer 503 ``engine_failed`` from then on, while the
+        engine closes, instead of 200 until this process exits."""
+        self.failure = await self.engine.wait_failed()
+        for fe in list(self.front_ends.values()):
+            with contextlib.suppress(zmq.ZMQError):
+                await self._send(fe, self._status())
+        self.failure_told.set()
+
     def _status(self) -> m.Status:
-        return m.Status(ready=self.service_ready, stats=self.engine.stats().as_dict())
+        failure = None if self.failure is None else str(self.failure)
+        return m.Status(ready=self.service_ready, stats=self.engine.stats().as_dict(), failure=failure)
 
     def _welcome(self) -> m.Welcome:
         e = self.engine

@@ -6,8 +6,10 @@ This process supervises: a front end that dies (``kill -9``) has its requests ab
 core and is replaced; SIGTERM/SIGINT is passed to every front end, each drains its own
 streams (``--shutdown-timeout``) and exits, then the core closes and this process exits 0.
 If the engine fails to load or stops after a fault while serving (``Engine.failure``), or the
-core itself fails, the front ends are stopped and the exit status is 1. If this process is killed outright, the front ends notice the missing
-heartbeat within seconds, answer 503 meanwhile, and exit non-zero.
+core itself fails, the front ends are stopped and the exit status is 1; after a fault the
+front ends answer 503 ``engine_failed`` (the core tells them at once) until the engine has
+closed. If this process is killed outright, the front ends notice the missing heartbeat
+within seconds, answer 503 meanwhile, and exit non-zero.
 """
 
 from __future__ import annotations
@@ -137,6 +139,13 @@ async def serve_with_front_ends(
             if failure is None:
                 log.info("shutdown_requested", api_workers=len(procs))
                 code = await _stop_front_ends(procs, shutdown_timeout + 15)
+            else:
+                # The core told every front end at once (CoreService._failure_loop); they answer
+                # 503 engine_failed while the engine closes here, as one process does, and exit
+                # once the core's socket closes behind it.
+                with anyio.move_on_after(1):
+                    await core.failure_told.wait()
+                await engine.aclose()
         if failure is not None:
             # Fatal (a device fault, a stall): the front ends lost the core and answer 503
             # while they stop; the process exits 1, as when the engine fails to load.

@@ -85,10 +85,13 @@ class Outputs(msgspec.Struct, tag=True, array_like=True):
 class Status(msgspec.Struct, tag=True, array_like=True):
     """The core's heartbeat and its stats for /metrics. ``ready``: the service is up, i.e. every
     front end started with it has been ready (so no /health says 200 while a sibling would
-    still answer 503); it stays true while a replacement front end starts."""
+    still answer 503); it stays true while a replacement front end starts. ``failure``: the
+    engine stopped after a fault (``EngineFailedError``'s message); sent at once when it
+    happens and in every heartbeat after, so each front end answers 503 ``engine_failed``."""
 
     ready: bool
     stats: dict[str, Any]
+    failure: str | None = None
 
 
 class Welcome(msgspec.Struct, tag=True, array_like=True):

@@ -101,7 +101,13 @@ def openapi_document(title: str, version: str, *, bearer_auth: bool) -> dict[str
             "/health": {
                 "get": {
                     "summary": "200 once the model is loaded and warmed up",
-                    "responses": {**plain, "503": {"description": "loading or shutting down"}},
+                    "responses": {
+                        **plain,
+                        "503": {
+                            "description": "loading, shutting down, or the engine failed "
+                            '(`{"status": "failed", "type": "engine_failed", ...}`)'
+                        },
+                    },
                 }
             },
             "/metrics": {"get": {"summary": "Prometheus metrics", "responses": plain}},

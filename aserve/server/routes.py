@@ -355,7 +355,8 @@ async def models(request: Request) -> Response:
 async def health(request: Request) -> Response:
     server = _server(request)
     if server.engine_failed is not None:
-        return JSONResponse({"status": "failed", "error": str(server.engine_failed)}, 503)
+        failed = server.engine_failed
+        return JSONResponse({"status": "failed", "type": failed.error_type, "error": str(failed)}, 503)
     if server.draining:
         return JSONResponse({"status": "draining"}, 503)
     if not server.ready:

@@ -141,11 +141,21 @@ class ServerState:
                 self.engine_failed = client.broken
             self.stop.set()
 
+        async def failure_watch() -> None:
+            # The core's engine failed: 503 engine_failed here at once, as in one process,
+            # while the core closes its engine; its going then ends this process (core_watch).
+            await client.failed.wait()
+            self.ready = False
+            self.engine_failed = self.load_error = client.failure
+
         async with client, anyio.create_task_group() as tg:
             tg.start_soon(core_watch, name="aserve.server.core_watch")
+            tg.start_soon(failure_watch, name="aserve.server.failure_watch")
             # /health turns 200 only once every front end can serve (loading: 503 until then).
             with anyio.move_on_after(600):
                 await client.service_ready.wait()
-            if not client.dead.is_set():
+            if not client.dead.is_set() and client.failure is None:
                 await self._serve_with(client)
+            elif not client.dead.is_set():
+                await client.dead.wait()  # failed before serving: 503 until the core goes
             tg.cancel_scope.cancel()

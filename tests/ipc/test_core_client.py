@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 import aserve
 from aserve.ipc.client import EngineClient
@@ -78,3 +79,43 @@ async def test_a_request_over_the_limits_raises_its_typed_error_at_once(
             raise AssertionError(f"{bad} was admitted")
         ok = await client.complete([1, 5, 9], aserve.SamplingParams(max_tokens=4, temperature=0))
         assert len(ok.token_ids) == 4
+
+
+async def test_every_front_end_learns_of_the_engines_failure_at_once(
+    tiny_llama: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fault in the core's engine reaches every front end while the core still runs: the
+    one whose request met it and one with nothing in flight both hold the EngineFailedError
+    (what their /health then answers) and refuse new requests with it, before the core goes."""
+    from aserve.models.causal_lm import CausalLM
+
+    trigger = 333
+    real_forward = CausalLM.forward
+
+    def forward(self: CausalLM, input_ids: Any, *args: Any) -> Any:
+        if int((input_ids == trigger).sum()) >= 3:
+            raise RuntimeError("injected fault in the model's forward")
+        return real_forward(self, input_ids, *args)
+
+    monkeypatch.setattr(CausalLM, "forward", forward)
+    address = f"ipc://{tmp_path}/core"
+    async with (
+        aserve.Engine(model=str(tiny_llama[0]), warmup=False, debug=True) as engine,
+        CoreService(engine, address, expected_front_ends=2).running() as core,
+        EngineClient(address, name="fe-a") as a,
+        EngineClient(address, name="fe-b") as b,
+    ):
+        with anyio.fail_after(30):  # a hang guard, not a timing bound
+            await a.service_ready.wait()
+            await b.service_ready.wait()
+        assert a.failure is None and b.failure is None
+        with pytest.raises(aserve.EngineFailedError, match="injected fault"):
+            await a.complete([1, trigger, trigger, trigger], aserve.SamplingParams(max_tokens=4))
+        with anyio.fail_after(30):
+            await b.failed.wait()
+            await core.failure_told.wait()
+        for fe in (a, b):
+            assert isinstance(fe.failure, aserve.EngineFailedError) and "injected fault" in str(fe.failure)
+            assert not fe.dead.is_set()  # the core is still there: it has only failed
+            with pytest.raises(aserve.EngineFailedError):
+                fe.open_stream([1, 5, 9], aserve.SamplingParams(max_tokens=2))

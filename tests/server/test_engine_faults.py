@@ -1,7 +1,8 @@
 """A real ``aserve serve`` whose engine dies while serving (issue 18): a fault in the model's
 forward, or a step that never completes (the watchdog). The request that met the fault and a
 stream in flight end with an OpenAI-style 503 ``engine_failed`` error, not a 500 or a hang;
-``/health`` and new requests answer 503 while the engine closes; the process then exits 1
+``/health`` and new requests answer 503 ``engine_failed`` while the engine closes (in every
+front end, with ``--api-workers``); the process then exits 1
 with one error line. The fault is planted by a test-only launcher
 (``tests/server/fault_launcher.py``) around the real CLI, Hypercorn and engine."""
 
@@ -33,8 +34,8 @@ async def _stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[dict[
 async def test_a_dead_engine_answers_503_and_the_server_exits(
     tiny_llama: tuple[Path, Any], tmp_path: Path, fault: str, api_workers: str
 ) -> None:
-    """With front-end processes (the default on CUDA) the engine core's process exits on the
-    fault, which takes the front ends down: they answer 503 or stop listening meanwhile."""
+    """With front-end processes (the default on CUDA) the core tells every front end of the
+    fault at once; they answer 503 ``engine_failed`` while the engine closes, then exit with it."""
     one_process = api_workers == "0"
     srv = ServerProcess("--model", str(tiny_llama[0]), "--served-model-name", NAME, "--watchdog-timeout", "10",
                         "--api-workers", api_workers, log_path=tmp_path / "server.log",
@@ -52,17 +53,26 @@ async def test_a_dead_engine_answers_503_and_the_server_exits(
             assert r.status_code == 503, r.text
             err = r.json()["error"]
             assert err["type"] == "engine_failed" and err["code"] == 503, err
-            assert ("stalled" if fault == "stall" else "injected fault") in err["message"], err
+            reason = "stalled" if fault == "stall" else "injected fault"
+            assert reason in err["message"], err
             # The stream in flight ends with the same error, in band.
             events = await asyncio.wait_for(stream, 60)
             assert events[-1]["error"]["type"] == "engine_failed", events[-1]
-            if one_process:
-                # While the engine closes: 503 everywhere, saying why.
-                health = await http.get("/health")
-                assert health.status_code == 503 and health.json()["status"] == "failed", health.text
-                r = await http.post("/v1/completions", headers=AUTH,
+            # While the engine closes: 503 everywhere, saying why. With front ends, every one
+            # of them (the core tells them all at once), not only the one that met the fault.
+            answered: set[str] = set()
+            for _ in range(1 if one_process else 40):
+                health = await http.get("/health", headers={"Connection": "close"})  # a fresh connection each
+                body = health.json()
+                assert health.status_code == 503 and body["status"] == "failed", health.text
+                assert body["type"] == "engine_failed" and reason in body["error"], body
+                answered.add(health.headers.get("X-Aserve-Front-End", "one process"))
+                r = await http.post("/v1/completions", headers={**AUTH, "Connection": "close"},
                                     json={"model": NAME, "prompt": "hi", "max_tokens": 2})  # fmt: skip
                 assert r.status_code == 503 and r.json()["error"]["type"] == "engine_failed", r.text
+                if len(answered) == (1 if one_process else 2):
+                    break
+            assert len(answered) == (1 if one_process else 2), answered
         # Then the process ends on its own, non-zero, with the reason on stderr.
         assert await asyncio.to_thread(srv.proc.wait, 60) == 1
         assert "error: the engine failed" in srv.log_tail(20000)
