@@ -44,8 +44,10 @@ class StructuredOutputs:
 
     def __post_init__(self) -> None:
         if self.json is not None and not isinstance(self.json, str):
-            try:  # canonical text: equal schemas share one compiled grammar
-                text = _json.dumps(self.json, sort_keys=True, separators=(",", ":"))
+            # Compact text, keys in the order given: llguidance writes an object's properties in
+            # the schema's order (as OpenAI does), so a reordered schema is another language.
+            try:
+                text = _json.dumps(self.json, separators=(",", ":"))
             except (TypeError, ValueError) as exc:
                 raise InvalidRequestError(f"json schema is not JSON: {exc}", param="structured_outputs") from exc
             object.__setattr__(self, "json", text)

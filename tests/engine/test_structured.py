@@ -100,6 +100,17 @@ async def test_100_sampled_requests_against_10_schemas_all_validate(engine: aser
     assert await _settled(engine)
 
 
+async def test_properties_come_in_the_schemas_order(engine: aserve.Engine) -> None:
+    """As OpenAI's structured outputs do (and a tool call's "name" must come before its
+    "arguments" for them to stream): not sorted, not in the model's order of choice."""
+    props = {"zeta": {"enum": ["x", "y"]}, "alpha": {"type": "boolean"}, "mid": {"enum": [1, 2]}}
+    schema = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    outs = await _run_all(engine, [(p, _params(StructuredOutputs(json=schema), seed=k)) for k, p in enumerate(PROMPTS)])
+    for out in outs:
+        assert out.finish_reason == "stop", out.text
+        assert [k for k, _ in json.loads(out.text, object_pairs_hook=list)] == list(props), out.text
+
+
 async def test_regex_choice_json_object_and_grammar(engine: aserve.Engine) -> None:
     phone = r"\(\d{3}\) \d{3}-\d{4}"
     choices = ("red", "green", "blue")
