@@ -25,6 +25,7 @@ from aserve.server.protocol import (
     TopLogprob,
     UsageInfo,
 )
+from aserve.server.tool_parser import CallStart, Content, Event, ToolCallParser
 from aserve.server.tools import ToolUse
 from aserve.tokenizer.tokenizer import Tokenizer
 
@@ -130,9 +131,11 @@ def chat_response(
     for o in result.outputs:
         message = ResponseMessage(content=o.text)
         finish: str | None = o.finish_reason
-        calls = tools.parse(o.text) if tools is not None and finish == "stop" else None
-        if calls:
-            message, finish = ResponseMessage(content=None, tool_calls=[c.as_dict() for c in calls]), "tool_calls"
+        reply = tools.parse(o.text) if tools is not None else None
+        if reply is not None and reply.calls:
+            # As streamed (ChatChunks): a call cut by max_tokens is still a call, with finish "length".
+            message = ResponseMessage(content=reply.content or None, tool_calls=[c.as_dict() for c in reply.calls])
+            finish = "tool_calls" if finish == "stop" else finish
         lps = chat_logprobs(tok, o.logprobs or ()) if want_logprobs else None
         choices.append(ChatChoice(index=o.index, message=message, logprobs=lps, finish_reason=finish))
     return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_info(result.usage))
@@ -170,17 +173,17 @@ class CompletionChunks:
 
 
 class ChatChunks:
-    """The SSE chunks of a streamed /v1/chat/completions (a role chunk first; with tools, each
-    choice held until it ends)."""
+    """The SSE chunks of a streamed /v1/chat/completions (a role chunk first). With tools, each
+    choice's text goes through its own tool-call parser: text that is not a call streams as
+    content; a call's first delta carries its index, id and name, and the next ones the pieces
+    of its arguments as they are generated (as OpenAI and vLLM stream them)."""
 
     def __init__(
         self, tok: Tokenizer, rid: str, model: str, n: int, want_logprobs: bool, tools: ToolUse | None = None
     ) -> None:
         self.tok, self.rid, self.model, self.n, self.want_logprobs = tok, rid, model, n, want_logprobs
         self.tools = tools
-        # With tools, a choice's text is held until it ends: only then is it known to be a
-        # call (sent as one tool_calls delta) or content (sent as one content delta).
-        self.held: dict[int, list[str]] = {}
+        self.parsers: dict[int, ToolCallParser] = {}
 
     def _chunk(self, choices: list[ChatChunkChoice], **kw: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.rid, model=self.model, choices=choices, **kw)
@@ -197,17 +200,40 @@ class ChatChunks:
         msg = DeltaMessage(content=d.text)
         finish: str | None = d.finish_reason
         if self.tools is not None:
-            held = self.held.setdefault(d.index, [])
-            held.append(d.text)
-            if finish is None:
-                return None
-            text = "".join(self.held.pop(d.index))
-            calls = self.tools.parse(text) if finish == "stop" else None
-            if calls:
-                msg, finish = DeltaMessage(tool_calls=[c.as_dict(i) for i, c in enumerate(calls)]), "tool_calls"
-            else:
-                msg = DeltaMessage(content=text)
+            parser = self.parsers.get(d.index)
+            if parser is None:
+                parser = self.parsers[d.index] = self.tools.parser()
+            events = parser.feed(d.text)
+            if finish is not None:
+                events += parser.finish()
+                if parser.calls and finish == "stop":
+                    finish = "tool_calls"
+            tool_msg = _tool_delta(events)
+            if tool_msg is None and finish is None and not lps:
+                return None  # held: it may still become a call
+            msg = tool_msg or DeltaMessage()
         return self._chunk([ChatChunkChoice(index=d.index, delta=msg, logprobs=lps, finish_reason=finish)])
 
     def usage(self, usage: Usage) -> BaseModel:
         return self._chunk([], usage=usage_info(usage))
+
+
+def _tool_delta(events: list[Event]) -> DeltaMessage | None:
+    """A parser's events as one delta: the content, and OpenAI's ``tool_calls`` entries (a
+    call's first with its id and name, then ``{"index", "function": {"arguments"}}`` pieces)."""
+    content: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for e in events:
+        if isinstance(e, Content):
+            content.append(e.text)
+        elif isinstance(e, CallStart):
+            calls.append(
+                {"index": e.index, "id": e.id, "type": "function", "function": {"name": e.name, "arguments": ""}}
+            )
+        elif calls and calls[-1]["index"] == e.index:
+            calls[-1]["function"]["arguments"] += e.text
+        else:
+            calls.append({"index": e.index, "function": {"arguments": e.text}})
+    if not content and not calls:
+        return None
+    return DeltaMessage(content="".join(content) if content else None, tool_calls=calls or None)

@@ -10,21 +10,20 @@ format: one JSON object ``{"name": ..., "arguments": {...}}``, or a JSON list of
 (structured outputs): the output can only be a call of an offered function whose arguments
 match its JSON schema, so even a 270M model returns valid arguments. ``"auto"`` leaves the
 choice to the model; output that does not parse as a call of an offered function is content.
+Calls are read by one incremental parser (``aserve.server.tool_parser``), so a stream sends
+each call's name once and then its arguments as they are generated, and a reply not streamed
+is the same parser run over the whole text: its ``arguments`` are the streamed pieces joined.
 """
 
 from __future__ import annotations
 
 import json
-import re
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from aserve.errors import InvalidRequestError
 from aserve.sampling_params import StructuredOutputs
-
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-_FENCE = re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.S)
+from aserve.server.tool_parser import CallStart, Content, Event, ToolCallParser
 
 
 @dataclass(frozen=True)
@@ -85,35 +84,40 @@ class ToolUse:
             f'{{"name": <function name>, "arguments": <arguments object>}}{many}, and nothing else.'
         )
 
-    def parse(self, text: str) -> list[ToolCall] | None:
-        """The calls in ``text``, or None when it is not (only) calls of offered functions."""
-        body = text.strip()
-        blocks = _HERMES.findall(body)
-        if blocks:
-            items: list[Any] = []
-            for b in blocks:
-                parsed = _loads(b)
-                if parsed is None:
-                    return None
-                items.extend(parsed if isinstance(parsed, list) else [parsed])
-        else:
-            fenced = _FENCE.match(body)
-            parsed = _loads(fenced.group(1) if fenced else body)
-            if parsed is None:
-                return None
-            items = parsed if isinstance(parsed, list) else [parsed]
-        calls = []
-        for item in items:
-            if not isinstance(item, dict) or item.get("name") not in self.functions:
-                return None
-            args = item.get("arguments", item.get("parameters", {}))
-            if isinstance(args, str):  # some models write the arguments as JSON text already
-                loaded = _loads(args)
-                args = loaded if isinstance(loaded, dict) else None
-            if not isinstance(args, dict):
-                return None
-            calls.append(ToolCall(f"call_{uuid.uuid4().hex[:24]}", item["name"], json.dumps(args, ensure_ascii=False)))
-        return calls or None
+    def parser(self) -> ToolCallParser:
+        """A parser for one reply: its events stream; run over the whole text, ``parse``."""
+        return ToolCallParser(self.functions)
+
+    def parse(self, text: str) -> Reply:
+        """A whole reply: its calls of offered functions and the text that is not a call."""
+        parser = self.parser()
+        events = parser.feed(text) + parser.finish()
+        return Reply.of(events)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What a reply says: ``content`` (text outside calls; the whole text when there are none)
+    and its calls, whose arguments are the concatenation of the streamed pieces."""
+
+    content: str
+    calls: list[ToolCall]
+
+    @classmethod
+    def of(cls, events: list[Event]) -> Reply:
+        content: list[str] = []
+        calls: list[ToolCall] = []
+        args: list[list[str]] = []
+        for e in events:
+            if isinstance(e, Content):
+                content.append(e.text)
+            elif isinstance(e, CallStart):
+                calls.append(ToolCall(e.id, e.name, ""))
+                args.append([])
+            else:
+                args[e.index].append(e.text)
+        calls = [ToolCall(c.id, c.name, "".join(a)) for c, a in zip(calls, args, strict=True)]
+        return cls("".join(content), calls)
 
 
 def _loads(text: str) -> Any:

@@ -64,9 +64,9 @@ def _use(choice: str = "auto") -> ToolUse:
     ],
 )
 def test_calls_parse_from_the_formats_models_use(text: str) -> None:
-    calls = _use().parse(text)
-    assert calls is not None and [c.name for c in calls] == ["add"]
-    assert json.loads(calls[0].arguments) == {"a": 1, "b": 2} and calls[0].id.startswith("call_")
+    reply = _use().parse(text)
+    assert reply.content == "" and [c.name for c in reply.calls] == ["add"]
+    assert json.loads(reply.calls[0].arguments) == {"a": 1, "b": 2} and reply.calls[0].id.startswith("call_")
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,8 @@ def test_calls_parse_from_the_formats_models_use(text: str) -> None:
     ["The weather is fine.", '{"name": "unknown", "arguments": {}}', '{"name": "add", "arguments": 3}', "[]", ""],
 )
 def test_text_that_is_not_a_call_of_an_offered_function_is_content(text: str) -> None:
-    assert _use().parse(text) is None
+    reply = _use().parse(text)
+    assert reply.calls == [] and reply.content == text
 
 
 def test_required_and_named_choices_constrain_the_output_to_a_call() -> None:
@@ -111,13 +112,67 @@ def test_required_tool_calls_validate_streamed_and_not(client: openai.OpenAI) ->
         assert len(calls) == 1 and all(c.type == "function" and c.id.startswith("call_") for c in calls)
         for c in calls:
             _valid(c.function.name, c.function.arguments)
-        # Streamed: the calls arrive as tool_calls deltas; the same seed gives the same calls.
-        chunks = list(client.chat.completions.create(**kw, stream=True))
-        deltas = [d for ch in chunks if ch.choices for d in (ch.choices[0].delta.tool_calls or [])]
-        assert [(d.function.name, d.function.arguments) for d in deltas if d.function] == [
-            (c.function.name, c.function.arguments) for c in calls
+        # Streamed: the same seed gives the same call, its arguments token by token.
+        content, streamed, finish = _stream(client, kw)
+        assert content == "" and finish == "tool_calls"
+        _same_calls(streamed, calls)
+
+
+def _stream(client: openai.OpenAI, kw: Any) -> tuple[str, list[tuple[str, str, list[str]]], str | None]:
+    """A streamed reply as OpenAI's shape has it: (content, [(id, name, argument pieces)],
+    finish_reason). Each call's first delta carries its index, id, type and name (once); the
+    later ones only pieces of its arguments."""
+    content, finish = "", None
+    calls: list[tuple[str, str, list[str]]] = []
+    for chunk in client.chat.completions.create(**kw, stream=True):
+        if not chunk.choices:
+            continue
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        finish = choice.finish_reason or finish
+        for d in choice.delta.tool_calls or []:
+            assert d.function is not None
+            if d.index == len(calls):
+                assert d.id is not None and d.id.startswith("call_") and d.type == "function" and d.function.name
+                calls.append((d.id, d.function.name, [d.function.arguments or ""]))
+            else:
+                assert d.index == len(calls) - 1 and d.id is None and d.function.name is None, d
+                calls[-1][2].append(d.function.arguments or "")
+    return content, calls, finish
+
+
+def _same_calls(streamed: list[tuple[str, str, list[str]]], calls: list[Any]) -> None:
+    """The streamed pieces of each call's arguments add up to the whole reply's, exactly,
+    and they came in more than one piece (as generated, not at the end)."""
+    assert [(name, "".join(pieces)) for _, name, pieces in streamed] == [
+        (c.function.name, c.function.arguments) for c in calls
+    ]
+    assert all(len([p for p in pieces if p]) > 1 for _, _, pieces in streamed), streamed
+
+
+@pytest.mark.slow
+def test_named_and_auto_tool_calls_stream_their_arguments(client: openai.OpenAI) -> None:
+    named: Any = {"type": "function", "function": {"name": "get_weather"}}
+    kw: Any = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": named, "max_tokens": 60,
+               "temperature": 0}  # fmt: skip
+    full = client.chat.completions.create(**kw).choices[0]
+    assert full.finish_reason == "tool_calls" and full.message.content is None
+    calls = full.message.tool_calls or []
+    assert len(calls) == 1 and calls[0].function.name == "get_weather"
+    _valid("get_weather", calls[0].function.arguments)
+    content, streamed, finish = _stream(client, kw)
+    assert content == "" and finish == "tool_calls"
+    _same_calls(streamed, calls)
+    # auto: whatever the model chooses (call or text), the stream says the same as the reply.
+    for seed in range(2):
+        kw = {"model": MODEL, "messages": ASK, "tools": TOOLS, "tool_choice": "auto", "max_tokens": 60,
+              "temperature": 0.8, "seed": seed}  # fmt: skip
+        full = client.chat.completions.create(**kw).choices[0]
+        content, streamed, finish = _stream(client, kw)
+        assert finish == full.finish_reason and content == (full.message.content or "")
+        assert [(name, "".join(pieces)) for _, name, pieces in streamed] == [
+            (c.function.name, c.function.arguments) for c in full.message.tool_calls or []
         ]
-        assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 @pytest.mark.slow
