@@ -32,12 +32,8 @@ class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI sends it
 
-    def as_dict(self, index: int | None = None) -> dict[str, Any]:
-        out: dict[str, Any] = {"id": self.id, "type": "function",
-                               "function": {"name": self.name, "arguments": self.arguments}}  # fmt: skip
-        if index is not None:
-            out["index"] = index  # a streamed delta's position among the calls
-        return out
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 
 @dataclass(frozen=True)
