@@ -187,13 +187,18 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -
 
 
 @pytest.mark.slow
-async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free() -> None:
-    # A pool of 13 pages of 16 tokens for 12 requests of ~60-80 tokens each: when they grow
+@pytest.mark.parametrize("split", ["1", "0"], ids=["split-launch", "lookahead-zero"])
+async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
+    split: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pool of 10 pages of 16 tokens for 12 requests of ~60-80 tokens each: when they grow
     # some are retracted (their KV given back, recomputed later) while their grammars wait
-    # at a committed state.
+    # at a committed state. (13 pages retracted nothing once the split launch let constrained
+    # requests decode every step and end sooner.)
+    monkeypatch.setenv("ASERVE_SPLIT_MASKS", split)
     per_token = 18 * 2 * 256 * 4  # Gemma 3 270M, float32: layers x (k, v) x head_dim x bytes
-    async with aserve.Engine(model="gemma-3-270m", num_threads=2, kv_cache_bytes=per_token * 208,
-                             max_context=208, debug=True) as eng:  # fmt: skip
+    async with aserve.Engine(model="gemma-3-270m", num_threads=2, kv_cache_bytes=per_token * 160,
+                             max_context=160, debug=True) as eng:  # fmt: skip
         # ~40-token prompts, each different (no shared prefix): 3-4 pages per request.
         jobs = [
             (f"Record {i}: " + "the quick brown fox jumps over a lazy dog " * 4 + PROMPTS[i % 4],
