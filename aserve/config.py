@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # torch is imported where a device or dtype is resolved, not here: `aserve --help` and the
 # flag parsing of every subcommand read this module, and importing torch costs seconds.
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("float32", "bfloat16", "float16", "gguf")
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,10 @@ class EngineConfig:
 
     model: str = "gemma-3-270m"
     device: str | None = None  # "cpu", "cuda", "cuda:1"; None picks CUDA when available
-    dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: float32 on CPU, bfloat16 on GPU
+    # "gguf": a GGUF model's quantized weights stay llama.cpp's blocks and run on aserve's CPU
+    # kernel (activations and KV float32); "float32" dequantizes them (the exact reference).
+    # None: bfloat16 on a GPU; float32 on a CPU.
+    dtype: Literal["float32", "bfloat16", "float16", "gguf"] | None = None
     overlap: bool = True  # pipeline depth 2 or 3 (overlap_depth); False runs the same code at depth 1
     # Steps planned or in flight but not committed when overlap is on. 2 is SGLang's scheme
     # (the host commits n-1 and plans n+1 while the device runs n); 3 lets the host run one
@@ -155,6 +158,8 @@ class EngineConfig:
     def torch_dtype(self) -> torch.dtype:
         import torch
 
+        if self.dtype == "gguf":
+            return torch.float32  # activations and KV; the weights stay GGUF blocks
         if self.dtype is not None:
             return getattr(torch, self.dtype)  # type: ignore[no-any-return]
         return torch.bfloat16 if self.torch_device.type == "cuda" else torch.float32
@@ -174,7 +179,8 @@ class EngineConfig:
 FLAG_HELP: dict[str, str] = {
     "model": "a GGUF file, a Hugging Face checkpoint directory, or a bundled model's name",
     "device": "cpu, cuda or cuda:N (default: cuda when available, else cpu)",
-    "dtype": "weights and activations (default: float32 on a CPU, bfloat16 on a GPU)",
+    "dtype": "weights and activations; gguf: keep a GGUF's quantized weights and run them on the CPU kernel "
+    "(default: float32 on a CPU, bfloat16 on a GPU)",
     "overlap": "run the scheduler serially (pipeline depth 1); the tokens are the same",
     "overlap_depth": "steps planned or in flight ahead of the commit with overlap on, 2 or 3 "
     "(default: 3 with CUDA graphs, else 2)",

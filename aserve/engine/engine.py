@@ -291,6 +291,7 @@ class Engine:
             "architecture": parts.model_config.architecture,
             "device": str(parts.device),
             "dtype": str(parts.dtype).removeprefix("torch."),
+            "weights": parts.weights,
             "kv_tokens": pool.total_tokens,
             "kv_bytes_per_token": pool.bytes_per_token(),
             "page_size": pool.page_size,
@@ -311,7 +312,7 @@ class Engine:
     def _started_fields(self) -> dict[str, Any]:
         info, cfg, pool = self.info(), self.config, self._require().pool
         return {
-            **{k: info[k] for k in ("model", "device", "dtype", "kv_tokens", "max_context", "max_running_requests",
+            **{k: info[k] for k in ("model", "device", "dtype", "weights", "kv_tokens", "max_context", "max_running_requests",
                                     "max_num_batched_tokens", "batch_sizes", "overlap", "fused_ops", "cuda_graph",
                                     "load_s")},
             "kv_gib": round(pool.total_tokens * pool.bytes_per_token() / 2**30, 2),

@@ -37,6 +37,46 @@ class LoadedEngine:
     eos_token_ids: tuple[int, ...]
     load_s: float
     sizes: BatchSizes  # max_running_requests and max_num_batched_tokens as resolved
+    weights: str  # what the matmuls read: "gguf blocks (...)" or the dtype's name
+
+
+def use_gguf_blocks(cfg: EngineConfig, device: torch.device) -> bool:
+    """Whether the model's quantized weights stay GGUF blocks on aserve's CPU kernel:
+    ``dtype="gguf"`` asks for it (an error where it cannot run); unset ``dtype`` on a CPU
+    leaves float32 (``default_cpu_gguf`` turns it on where the quality bar was met)."""
+    from aserve.kernels.gguf_linear import unavailable_reason
+    from aserve.models.loader import resolve_model_path
+
+    if cfg.dtype != "gguf":
+        return False
+    if device.type != "cpu":
+        raise InvalidRequestError(f"dtype 'gguf' runs on a CPU, not on {device}; use bfloat16 or float16 there")
+    path = resolve_model_path(cfg.model)
+    if path.suffix != ".gguf":
+        raise InvalidRequestError(f"dtype 'gguf' needs a .gguf model, {path} is not one; use float32")
+    why = unavailable_reason()
+    if why is not None:
+        raise InvalidRequestError(
+            f"dtype 'gguf' needs aserve's CPU kernel, which this install lacks ({why}); "
+            "reinstall aserve where a C compiler is available, or use float32"
+        )
+    return True
+
+
+def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
+    from aserve.kernels.gguf_linear import QTYPES, GGUFLinear, kernel
+
+    counts: dict[str, int] = {}
+    for m in model.modules():
+        if isinstance(m, GGUFLinear):
+            name = next(k for k, v in QTYPES.items() if v == m.qtype)
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return str(dtype).removeprefix("torch.")
+    k = kernel()
+    assert k is not None, "GGUF blocks loaded without the kernel"
+    kinds = ", ".join(f"{n} x{c}" for n, c in sorted(counts.items()))
+    return f"gguf blocks ({kinds}) on aserve's CPU kernel ({k.isa()}), activations float32"
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
@@ -52,7 +92,8 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise InvalidRequestError("device 'cuda' was asked for but CUDA is not available; use device='cpu'")
     with phase("loading weights", unit="tensor", model=cfg.model) as update:
-        model_config, model, path = load_model(cfg.model, dtype, device, progress=update)
+        blocks = use_gguf_blocks(cfg, device)
+        model_config, model, path = load_model(cfg.model, dtype, device, progress=update, gguf_blocks=blocks)
     if cfg.use_fused_ops:
         from aserve.models.layers import set_fused_ops
 
@@ -112,6 +153,7 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
         eos_token_ids=eos,
         load_s=time.perf_counter() - t0,
         sizes=sizes,
+        weights=_describe_weights(model, dtype),
     )
 
 

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from aserve.attention.metadata import AttentionMetadata
+from aserve.kernels.gguf_linear import GGUFEmbedding, GGUFLinear
 from aserve.models.config import ModelConfig
 from aserve.models.layers import GatedMLP, KVCache, PagedSelfAttention, RMSNorm, add_norm, run_decoder_layers
 
@@ -87,13 +88,24 @@ class CausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config, self.layer_cls, self.gemma_norms)
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: nn.Module | None = None  # nn.Linear, or GGUFLinear on GGUF blocks
         if not config.tie_word_embeddings:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: [T] -> [T, hidden], the decoder stack's input."""
         return self.model.embed_tokens(input_ids)
+
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [B, hidden] -> logits [B, vocab] (the LM head, or the tied embedding)."""
+        embed = self.model.embed_tokens
+        if self.lm_head is None and isinstance(embed, GGUFEmbedding):
+            return embed.logits(h)
+        if isinstance(self.lm_head, GGUFLinear):
+            return self.lm_head(h)
+        head = self.lm_head if self.lm_head is not None else embed
+        assert isinstance(head, (nn.Linear, nn.Embedding)), type(head)
+        return h @ head.weight.t()
 
     def layer_rope(self, positions: torch.Tensor, dtype: torch.dtype) -> Callable[[nn.Module], CosSin]:
         """The rotary (cos, sin) each decoder layer gets at ``positions`` [T]."""
@@ -105,8 +117,7 @@ class CausalLM(nn.Module):
         rope = self.layer_rope(meta.positions, h.dtype)
         x = run_decoder_layers(self.model.layers, self.model.norm, h, rope, meta, kv_cache)
         h = x[meta.logits_indices]  # [B, hidden], after the final norm
-        weight = self.lm_head.weight if self.lm_head is not None else self.model.embed_tokens.weight
-        logits = (h @ weight.t()).float()  # [B, vocab]
+        logits = self.head(h).float()  # [B, vocab]
         cap = self.config.final_logit_softcapping
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

@@ -1,4 +1,5 @@
-"""Read a llama.cpp GGUF file: metadata -> ``ModelConfig``, tensors -> dequantized float32.
+"""Read a llama.cpp GGUF file: metadata -> ``ModelConfig``, tensors -> dequantized float32
+(or, for the quantized CPU path, the weights' own blocks).
 
 Names and conventions follow transformers' GGUF loader (our reference):
 * Gemma norm weights are stored with ``+1`` folded in by the converter; we subtract it back
@@ -146,22 +147,29 @@ def map_name(gguf_name: str) -> str | None:
     return None
 
 
-def read_gguf_tensors(path: Path, progress: Progress | None = None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    """Dequantize every tensor to float32 and map it to our module names."""
+def read_gguf_tensors(
+    path: Path, progress: Progress | None = None, keep_blocks: frozenset[int] = frozenset()
+) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, int]]:
+    """Map every tensor to our module names, dequantized to float32, except the 2-D weights
+    whose GGML type is in ``keep_blocks``: those stay llama.cpp's blocks, ``[rows, row_bytes]``
+    uint8, and their type is in the returned ``{name: ggml type}``."""
     from gguf.quants import dequantize
 
     reader = _open(path)
     cfg = config_from_gguf(reader)
     arch = str(_field(reader, "general.architecture"))
     out: dict[str, torch.Tensor] = {}
+    qtypes: dict[str, int] = {}
     total = len(reader.tensors)
     for i, t in enumerate(reader.tensors):
         name = map_name(t.name)
         if name is not None:
+            keep = int(t.tensor_type) in keep_blocks and len(t.shape) == 2
             try:
-                w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+                w = np.array(t.data) if keep else np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
             except Exception as e:
                 raise ModelLoadError(f"{path}: cannot read tensor {t.name} (truncated?): {e}") from e
+            # Row permutations apply to block rows as to float rows: a row is whole blocks.
             if arch == "llama" and t.name.split(".")[-2] == "attn_q":
                 w = _unpermute(w, cfg.num_heads)
             elif arch == "llama" and t.name.split(".")[-2] == "attn_k":
@@ -174,6 +182,8 @@ def read_gguf_tensors(path: Path, progress: Progress | None = None) -> tuple[Mod
             if not w.flags.writeable or not w.flags.c_contiguous:
                 w = np.array(w, order="C")  # F32 tensors come back as read-only views of the mmap
             out[name] = torch.from_numpy(w)
+            if keep:
+                qtypes[name] = int(t.tensor_type)
         if progress is not None:
             progress(i + 1, total)
-    return cfg, out
+    return cfg, out, qtypes

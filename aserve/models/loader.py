@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from aserve.errors import ModelLoadError, ModelNotFoundError
+from aserve.kernels.gguf_linear import QTYPES
 from aserve.models.config import ModelConfig, RopeScaling
 from aserve.models.gemma3 import Gemma3ForCausalLM
 from aserve.models.gguf_loader import read_gguf_tensors
@@ -60,9 +61,9 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ASERVE_CACHE_DIR", Path.home() / ".cache" / "aserve"))
 
 
-def _cache_path(gguf: Path) -> Path:
+def _cache_path(gguf: Path, variant: str = "") -> Path:
     st = gguf.stat()
-    return cache_dir() / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}-v{_CACHE_VERSION}.safetensors"
+    return cache_dir() / f"{gguf.stem}-{st.st_size}-{st.st_mtime_ns}-v{_CACHE_VERSION}{variant}.safetensors"
 
 
 def _config_to_json(cfg: ModelConfig) -> str:
@@ -78,31 +79,64 @@ def _config_from_json(text: str) -> ModelConfig:
     return ModelConfig(**d)
 
 
-def _read_gguf_cached(path: Path, progress: Progress | None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
-    cached = _cache_path(path)
+def _read_gguf_cached(
+    path: Path, progress: Progress | None, blocks: bool = False
+) -> tuple[ModelConfig, dict[str, torch.Tensor], dict[str, int]]:
+    """The GGUF's tensors as ``read_gguf_tensors`` gives them; ``blocks``: keep the weights the
+    CPU kernel reads as their GGUF blocks. Each form has its own cache file."""
+    cached = _cache_path(path, "-blocks" if blocks else "")
     if cached.is_file():
         try:
             with safe_open(str(cached), framework="pt") as st:
                 meta = st.metadata() or {}
                 cfg = _config_from_json(meta["aserve_config"])
+                qtypes = {k: int(v) for k, v in json.loads(meta.get("aserve_qtypes", "{}")).items()}
                 tensors = {k: st.get_tensor(k) for k in st.keys()}  # noqa: SIM118
             if progress is not None:
                 progress(1, 1)
-            return cfg, tensors
+            return cfg, tensors, qtypes
         except Exception:
             cached.unlink(missing_ok=True)  # stale or partial cache: rebuild it
     # The first load of a GGUF dequantizes every tensor (the default model: ~40 s on 2 cores);
-    # later loads read the float32 copy cached here.
-    with phase(f"dequantizing {path.name} (first load only; cached in {cache_dir()})", unit="tensor") as update:
-        cfg, tensors = read_gguf_tensors(path, update)
+    # later loads read the copy cached here (GGUF's reader alone parses the whole vocabulary).
+    keep = frozenset(QTYPES.values()) if blocks else frozenset()
+    what = "reading" if blocks else "dequantizing"
+    with phase(f"{what} {path.name} (first load only; cached in {cache_dir()})", unit="tensor") as update:
+        cfg, tensors, qtypes = read_gguf_tensors(path, update, keep)
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
         tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        save_file(tensors, str(tmp), metadata={"aserve_config": _config_to_json(cfg), "source": str(path)})
+        meta = {"aserve_config": _config_to_json(cfg), "aserve_qtypes": json.dumps(qtypes), "source": str(path)}
+        save_file(tensors, str(tmp), metadata=meta)
         tmp.replace(cached)  # atomic: a concurrent reader never sees half a file
     except OSError:
         pass  # caching is an optimisation; a read-only home must not break loading
-    return cfg, tensors
+    return cfg, tensors, qtypes
+
+
+def use_gguf_blocks(model: nn.Module, tensors: dict[str, torch.Tensor], qtypes: dict[str, int]) -> None:
+    """Swap each linear layer and embedding whose weight is in ``qtypes`` for its GGUF-block
+    form (aserve/kernels/gguf_linear.py) and take those weights out of ``tensors``."""
+    from aserve.kernels.gguf_linear import GGUFEmbedding, GGUFLinear
+
+    for name, qtype in qtypes.items():
+        path = name.removesuffix(".weight")
+        if path == "lm_head" and "lm_head" not in dict(model.named_children()):
+            tensors.pop(name)  # tied: the embedding is the head
+            continue
+        parent_path, _, child = path.rpartition(".")
+        old = model.get_submodule(path)
+        blocks = tensors.pop(name)
+        new: nn.Module
+        if isinstance(old, nn.Linear) and old.bias is None:
+            new = GGUFLinear(blocks, qtype, old.in_features)
+        elif isinstance(old, nn.Embedding):
+            new = GGUFEmbedding(blocks, qtype, old.embedding_dim)
+        else:
+            raise ModelLoadError(
+                f"{name}: GGUF blocks for a {type(old).__name__}, want a bias-free Linear or Embedding"
+            )
+        setattr(model.get_submodule(parent_path) if parent_path else model, child, new)
 
 
 def load_state(
@@ -122,16 +156,23 @@ def load_state(
 
 
 def load_model(
-    model: str, dtype: torch.dtype, device: torch.device, progress: Progress | None = None
+    model: str, dtype: torch.dtype, device: torch.device, progress: Progress | None = None, gguf_blocks: bool = False
 ) -> tuple[ModelConfig, nn.Module, Path]:
+    """``gguf_blocks``: a GGUF's quantized weights stay blocks and run on aserve's CPU kernel
+    (float32 activations; needs a GGUF file, ``device`` cpu and ``dtype`` float32)."""
     path = resolve_model_path(model)
+    qtypes: dict[str, int] = {}
     if path.is_dir():
+        if gguf_blocks:
+            raise ModelLoadError(f"{path} is not a GGUF file; its weights have no GGUF blocks to keep")
         cfg = load_hf_config(path)
         tensors = dict(iter_hf_tensors(path, progress))
     else:
-        cfg, tensors = _read_gguf_cached(path, progress)
+        assert not gguf_blocks or (device.type == "cpu" and dtype == torch.float32), (device, dtype)
+        cfg, tensors, qtypes = _read_gguf_cached(path, progress, gguf_blocks)
     with torch.device("meta"):
         net = build_model(cfg)
+    use_gguf_blocks(net, tensors, qtypes)
     load_state(net, cfg, tensors, dtype, device)
     net.eval()
     net.requires_grad_(False)

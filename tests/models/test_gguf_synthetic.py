@@ -113,7 +113,7 @@ def test_gguf_conventions(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = tmp_path / f"tiny-{arch}.gguf"
     _write_gguf(hf, arch, path)
     calls: list[tuple[int, int]] = []
-    cfg0, _ = read_gguf_tensors(path, progress=lambda d, t: calls.append((d, t)))
+    cfg0, _, _ = read_gguf_tensors(path, progress=lambda d, t: calls.append((d, t)))
     assert calls and calls[-1][0] == calls[-1][1]
     assert cfg0.vocab_size == VOCAB and cfg0.eos_token_ids == (1,)
     for attempt in range(2):  # second load comes from the dequantized cache

@@ -1,0 +1,133 @@
+"""Linear layers and embeddings that run on a GGUF file's own quantized blocks (CPU).
+
+The weight stays as llama.cpp wrote it (``[rows, row_bytes]`` uint8, Q8_0 / Q5_0 / Q4_K /
+Q6_K); ``_ggufmm`` (a small C extension, built with the package) multiplies float32
+activations by it without a float32 copy of the weight. Few rows (decode, the LM head):
+the kernel. Many rows (prefill): the weight is dequantized once per call into a scratch
+buffer and torch's sgemm runs, since a GEMM of hundreds of rows is compute bound and MKL
+is faster than our dot products there; the scratch lives for the call only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+import torch
+from torch import nn
+
+# ggml type ids (gguf.GGMLQuantizationType) the kernel reads.
+QTYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+# Rows of activations from which a call dequantizes the weight and runs sgemm instead.
+GEMM_MIN_ROWS = 32
+# Rows of the weight dequantized per sgemm (bounds the scratch: 16384 x 640 floats = 40 MB).
+_GEMM_CHUNK_ROWS = 16384
+
+_kernel: ModuleType | None = None
+_kernel_error: str | None = None
+
+
+def kernel() -> ModuleType | None:
+    """The compiled extension, or None when the install could not build it (no compiler)."""
+    global _kernel, _kernel_error
+    if _kernel is None and _kernel_error is None:
+        try:
+            # torch first: its libgomp then serves the extension too (one OpenMP thread pool).
+            _kernel = importlib.import_module("aserve.kernels._ggufmm")
+        except ImportError as exc:
+            _kernel_error = str(exc)
+    return _kernel
+
+
+def unavailable_reason() -> str | None:
+    """Why ``kernel()`` is None (None when it loaded)."""
+    kernel()
+    return _kernel_error
+
+
+def _k() -> ModuleType:
+    k = kernel()
+    if k is None:
+        raise RuntimeError(f"aserve's GGUF CPU kernel is not built: {_kernel_error}")
+    return k
+
+
+def row_bytes(qtype: int, in_features: int) -> int:
+    return int(_k().row_bytes(qtype, in_features))
+
+
+def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
+    """x: [M, in] float32 -> [M, out] float32, ``x @ W.T`` for W stored as ``blocks`` [out, row_bytes]."""
+    assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
+    x = x.contiguous()
+    m, n = x.shape[0], blocks.shape[0]
+    if m >= GEMM_MIN_ROWS:
+        if n <= _GEMM_CHUNK_ROWS:
+            return x @ dequantize_rows(blocks, qtype, in_features).t()
+        return torch.cat(
+            [x @ dequantize_rows(blocks[s : s + _GEMM_CHUNK_ROWS], qtype, in_features).t()
+             for s in range(0, n, _GEMM_CHUNK_ROWS)], dim=1,
+        )  # fmt: skip
+    y = torch.empty(m, n, dtype=torch.float32)
+    _k().matmul(qtype, blocks.data_ptr(), n, in_features, x.data_ptr(), m, y.data_ptr(), torch.get_num_threads())
+    return y
+
+
+def dequantize_rows(
+    blocks: torch.Tensor, qtype: int, in_features: int, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Rows of W as float32: all of them, or ``rows`` [R] int64 (an embedding lookup)."""
+    assert blocks.is_contiguous() and blocks.dtype == torch.uint8, "blocks must be contiguous uint8"
+    if rows is not None:
+        rows = rows.to(torch.int64).contiguous()
+        if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= blocks.shape[0]):
+            raise IndexError(f"row index out of range for a weight of {blocks.shape[0]} rows")
+    count = blocks.shape[0] if rows is None else rows.numel()
+    out = torch.empty(count, in_features, dtype=torch.float32)
+    rows_ptr = 0 if rows is None else rows.data_ptr()
+    _k().dequantize(qtype, blocks.data_ptr(), in_features, rows_ptr, count, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+class GGUFLinear(nn.Module):
+    """``nn.Linear`` without bias whose weight is GGUF blocks ``[out_features, row_bytes]`` uint8."""
+
+    blocks: torch.Tensor
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int) -> None:
+        super().__init__()
+        expect = row_bytes(qtype, in_features)
+        assert blocks.dim() == 2 and blocks.shape[1] == expect, f"blocks {tuple(blocks.shape)}, want [*, {expect}]"
+        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.qtype = qtype
+        self.in_features = in_features
+        self.out_features = blocks.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [..., in] -> [..., out]
+        lead = x.shape[:-1]
+        y = gguf_matmul(x.reshape(-1, self.in_features).float(), self.blocks, self.qtype, self.in_features)
+        return y.view(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        name = next((k for k, v in QTYPES.items() if v == self.qtype), str(self.qtype))
+        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={name}"
+
+
+class GGUFEmbedding(nn.Module):
+    """``nn.Embedding`` on GGUF blocks; ``logits`` is the tied LM head on the same blocks."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, dim: int) -> None:
+        super().__init__()
+        self.head = GGUFLinear(blocks, qtype, dim)
+        self.num_embeddings = blocks.shape[0]
+        self.embedding_dim = dim
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids: [T] -> [T, dim] float32
+        h = self.head
+        return dequantize_rows(h.blocks, h.qtype, h.in_features, ids.reshape(-1)).view(*ids.shape, h.in_features)
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        # x: [B, dim] -> [B, vocab]
+        return self.head(x)

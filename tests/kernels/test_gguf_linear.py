@@ -1,0 +1,148 @@
+"""aserve's CPU kernel on GGUF blocks vs gguf-py's own dequantize + a float64 matmul.
+
+The reference is gguf-py (the llama.cpp project's Python package), independent of our C:
+the kernel's dequantized rows must equal gguf-py's bit for bit, and its matmul (float32
+activations, float32 accumulation) must match float64 to float32 rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from aserve.kernels import gguf_linear as gl
+from aserve.models.loader import resolve_model_path
+
+pytestmark = pytest.mark.skipif(gl.kernel() is None, reason=f"GGUF CPU kernel not built: {gl.unavailable_reason()}")
+
+# One tensor of each type the default model holds (see the module docstring of gguf_linear).
+REAL = {
+    "Q5_0": "blk.0.attn_q.weight",
+    "Q8_0": "blk.0.attn_v.weight",
+    "Q4_K": "blk.0.attn_output.weight",
+    "Q6_K": "blk.0.ffn_down.weight",
+}
+
+
+@pytest.fixture(scope="module")
+def real_tensors() -> dict[str, tuple[torch.Tensor, int, np.ndarray]]:
+    """type name -> (blocks [rows, row_bytes] uint8, in_features, gguf-py's float32 weight)."""
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+
+    reader = GGUFReader(Path(resolve_model_path("gemma-3-270m")))
+    by_name = {t.name: t for t in reader.tensors}
+    out = {}
+    for qname, tname in REAL.items():
+        t = by_name[tname]
+        assert t.tensor_type.name == qname, (tname, t.tensor_type.name)
+        ref = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+        out[qname] = (torch.from_numpy(np.array(t.data)), ref.shape[1], ref)
+    return out
+
+
+def _random_blocks(qname: str, rows: int, in_features: int, seed: int) -> torch.Tensor:
+    """Random bytes in the type's layout, with every f16 scale set to a finite value (some of
+    them subnormal), so all bit patterns of the quants and the 6-bit scale fields occur."""
+    qtype = gl.QTYPES[qname]
+    rb = gl.row_bytes(qtype, in_features)
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=(rows, rb), dtype=np.uint8)
+    block, size, f16_at = {"Q8_0": (32, 34, (0,)), "Q5_0": (32, 22, (0,)), "Q4_K": (256, 144, (0, 2)),
+                           "Q6_K": (256, 210, (208,))}[qname]  # fmt: skip
+    nblocks = in_features // block
+    blocks = raw.reshape(rows, nblocks, size)
+    for off in f16_at:
+        scales = rng.uniform(-0.05, 0.05, size=(rows, nblocks)).astype(np.float16)
+        scales.reshape(-1)[::7] = np.float16(3e-6)  # a subnormal half
+        blocks[:, :, off : off + 2] = scales.view(np.uint8).reshape(rows, nblocks, 2)
+    return torch.from_numpy(blocks.reshape(rows, rb).copy())
+
+
+def _reference(blocks: torch.Tensor, qname: str) -> np.ndarray:
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return np.asarray(dequantize(blocks.numpy(), GGMLQuantizationType[qname]), dtype=np.float32)
+
+
+def _check_matmul(blocks: torch.Tensor, qtype: int, k: int, ref: np.ndarray, m: int, seed: int) -> None:
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
+    got = gl.gguf_matmul(x, blocks, qtype, k).double()  # [m, rows]
+    want = x.double() @ torch.from_numpy(ref).double().t()
+    # float32 products summed in float32 (k terms): error ~ sqrt(k) * eps * sum |x w|.
+    bound = (x.double().abs() @ torch.from_numpy(ref).double().abs().t()) * 1e-6
+    assert got.shape == want.shape
+    assert ((got - want).abs() <= bound + 1e-30).all(), (got - want).abs().max().item()
+
+
+@pytest.mark.parametrize("qname", list(REAL))
+@pytest.mark.slow  # reading the GGUF's header (a 262k-entry vocabulary) takes ~30 s on 2 cores
+def test_dequantize_matches_gguf_py_bit_for_bit(qname: str, real_tensors: dict) -> None:
+    blocks, k, ref = real_tensors[qname]
+    got = gl.dequantize_rows(blocks, gl.QTYPES[qname], k).numpy()
+    assert np.array_equal(got, ref)
+
+
+@pytest.mark.parametrize("qname", list(REAL))
+def test_random_blocks_dequantize_exactly(qname: str) -> None:
+    k = 512
+    blocks = _random_blocks(qname, 37, k, seed=1)
+    got = gl.dequantize_rows(blocks, gl.QTYPES[qname], k).numpy()
+    assert np.array_equal(got, _reference(blocks, qname))
+
+
+# 1 and 5 rows run the kernel (5: one tile of four plus a tail), 40 the dequantize + sgemm path.
+@pytest.mark.slow
+@pytest.mark.parametrize("m", [1, 5, gl.GEMM_MIN_ROWS + 8])
+@pytest.mark.parametrize("qname", list(REAL))
+def test_matmul_real_weights(qname: str, m: int, real_tensors: dict) -> None:
+    blocks, k, ref = real_tensors[qname]
+    _check_matmul(blocks, gl.QTYPES[qname], k, ref, m, seed=m)
+
+
+@pytest.mark.parametrize("m", [1, 5, gl.GEMM_MIN_ROWS + 8])
+@pytest.mark.parametrize("qname", list(REAL))
+def test_matmul_random_blocks(qname: str, m: int) -> None:
+    # 37 output rows: not a multiple of the kernel's chunk of 16 or of the thread count.
+    k = 768 if qname in ("Q4_K", "Q6_K") else 96
+    blocks = _random_blocks(qname, 37, k, seed=2)
+    _check_matmul(blocks, gl.QTYPES[qname], k, _reference(blocks, qname), m, seed=m)
+
+
+@pytest.mark.slow  # reading the GGUF's header (a 262k-entry vocabulary) takes ~30 s on 2 cores
+def test_threads_do_not_change_the_result(real_tensors: dict) -> None:
+    blocks, k, _ = real_tensors["Q5_0"]
+    x = torch.randn(7, k, generator=torch.Generator().manual_seed(4))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = gl.gguf_matmul(x, blocks, gl.QTYPES["Q5_0"], k)
+        torch.set_num_threads(2)
+        two = gl.gguf_matmul(x, blocks, gl.QTYPES["Q5_0"], k)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)  # each output is one thread's dot product, in the same order
+
+
+@pytest.mark.slow  # reading the GGUF's header (a 262k-entry vocabulary) takes ~30 s on 2 cores
+def test_embedding_and_tied_head(real_tensors: dict) -> None:
+    blocks, k, ref = real_tensors["Q8_0"]
+    emb = gl.GGUFEmbedding(blocks, gl.QTYPES["Q8_0"], k)
+    ids = torch.tensor([[3, 0], [255, 3]])
+    assert torch.equal(emb(ids), torch.from_numpy(ref)[ids])
+    x = torch.randn(2, k)
+    want = x.double() @ torch.from_numpy(ref).double().t()
+    assert torch.allclose(emb.logits(x).double(), want, rtol=0, atol=1e-4)
+    with pytest.raises(IndexError, match="out of range"):
+        emb(torch.tensor([256]))
+
+
+def test_unsupported_type_and_bad_row_length() -> None:
+    with pytest.raises(ValueError, match="unsupported GGML type"):
+        gl.row_bytes(2, 64)  # Q4_0
+    with pytest.raises(ValueError, match="multiple of the block size"):
+        gl.row_bytes(gl.QTYPES["Q4_K"], 640)
