@@ -113,10 +113,16 @@ class CausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices
+        return self.logits(self.hidden(input_ids, meta, kv_cache)[meta.logits_indices])
+
+    def hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
+        """input_ids: [T] -> the final norm's output [T, hidden] (every position)."""
         h = self.embed(input_ids)  # [T, hidden]
         rope = self.layer_rope(meta.positions, h.dtype)
-        x = run_decoder_layers(self.model.layers, self.model.norm, h, rope, meta, kv_cache)
-        h = x[meta.logits_indices]  # [B, hidden], after the final norm
+        return run_decoder_layers(self.model.layers, self.model.norm, h, rope, meta, kv_cache)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [B, hidden] after the final norm -> logits [B, vocab] float32 (soft-capped)."""
         logits = self.head(h).float()  # [B, vocab]
         cap = self.config.final_logit_softcapping
         if cap is not None:
