@@ -30,6 +30,7 @@ class OptionalBuildExt(build_ext):
 ggufmm = Extension(
     "aserve.kernels._ggufmm",
     sources=["aserve/kernels/_ggufmm.c"],
+    depends=["aserve/kernels/_ggufmm_kernels.h"],
     extra_compile_args=["-O3", "-fopenmp", "-std=gnu11", "-Wno-psabi"],
     extra_link_args=["-fopenmp"],
     optional=True,

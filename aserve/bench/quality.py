@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from aserve.attention.metadata import build_metadata
+from aserve.models.causal_lm import CausalLM
 from aserve.models.loader import load_model, resolve_model_path
 
 # Stable, prose-heavy modules; their docstrings change little between Python versions.
@@ -76,6 +77,8 @@ Scorer = Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]
 def aserve_scorer(gguf_blocks: bool) -> Scorer:
     """ids -> (log-prob of each next token [L-1] float64, top-1 prediction [L-1]) on one engine."""
     cfg, model, _ = load_model("gemma-3-270m", torch.float32, torch.device("cpu"), gguf_blocks=gguf_blocks)
+    assert isinstance(model, CausalLM), type(model)
+    causal_lm = model
 
     @torch.no_grad()
     def score(ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -84,11 +87,11 @@ def aserve_scorer(gguf_blocks: bool) -> Scorer:
         kv = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
         table = torch.arange(1, n + 1, dtype=torch.int64)[None, :]  # slot 0 unused, like the engine
         meta = build_metadata(table, [0], [0], [n], "cpu")
-        x = model.hidden(torch.tensor(ids), meta, kv)  # [L, hidden]
+        x = causal_lm.hidden(torch.tensor(ids), meta, kv)  # [L, hidden]
         target = torch.tensor(ids[1:])
         lp, top = [], []
         for s in range(0, n - 1, HEAD_CHUNK):
-            logits = model.logits(x[s : min(s + HEAD_CHUNK, n - 1)])  # [C, vocab]
+            logits = causal_lm.logits(x[s : min(s + HEAD_CHUNK, n - 1)])  # [C, vocab]
             lp.append(torch.log_softmax(logits.double(), -1).gather(1, target[s : s + len(logits), None])[:, 0])
             top.append(logits.argmax(-1))
         return torch.cat(lp), torch.cat(top)

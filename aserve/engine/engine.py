@@ -29,7 +29,7 @@ from aserve.device.step import Step
 from aserve.engine.admission import Admission, AdmissionLimits, Prompt
 from aserve.engine.commit import Committer
 from aserve.engine.recorder import StepRecorder
-from aserve.engine.setup import LoadedEngine, load_engine_parts, load_on_stream
+from aserve.engine.setup import available_cpus, LoadedEngine, load_engine_parts, load_on_stream
 from aserve.engine.step_loop import StepLoop
 from aserve.engine.stream import RequestStream, collect_result, stream_deltas
 from aserve.errors import EngineClosedError, EngineFailedError, InvalidRequestError
@@ -100,6 +100,8 @@ class Engine:
         cfg = self.config
         if cfg.num_threads is not None:
             torch.set_num_threads(cfg.num_threads)
+        elif cfg.torch_device.type == "cpu":
+            torch.set_num_threads(available_cpus())
         waker = LoopWaker()
         self._cpu_stream: CpuStream | None = None
         self._cuda_waiter: CudaEventWaiter | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,19 @@ class LoadedEngine:
     load_s: float
     sizes: BatchSizes  # max_running_requests and max_num_batched_tokens as resolved
     weights: str  # what the matmuls read: "gguf blocks (...)" or the dtype's name
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on: its affinity mask, capped by a cgroup v2 CPU quota
+    (a container's ``--cpus``), which torch's default (the machine's cores) ignores."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    try:
+        quota, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, int(quota) // int(period)))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
 
 
 def use_gguf_blocks(cfg: EngineConfig, device: torch.device) -> bool:

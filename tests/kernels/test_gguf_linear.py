@@ -146,3 +146,35 @@ def test_unsupported_type_and_bad_row_length() -> None:
         gl.row_bytes(2, 64)  # Q4_0
     with pytest.raises(ValueError, match="multiple of the block size"):
         gl.row_bytes(gl.QTYPES["Q4_K"], 640)
+
+
+@pytest.fixture
+def isa_copies() -> list[str]:
+    """Every instruction set's copy this CPU runs (AVX-512, AVX2, baseline: users' CPUs may
+    lack AVX-512); the kernel's own choice is restored afterwards."""
+    k = gl.kernel()
+    assert k is not None
+    best = k.isa()
+    names = ["avx512", "avx2", "baseline"]
+    yield names[names.index(best) :]
+    k.set_isa(best)
+
+
+@pytest.mark.parametrize("qname", list(REAL))
+def test_every_instruction_set_copy(qname: str, isa_copies: list[str]) -> None:
+    k = gl.kernel()
+    assert k is not None
+    in_features = 512
+    blocks = _random_blocks(qname, 21, in_features, seed=5)
+    ref = _reference(blocks, qname)
+    for isa in isa_copies:
+        k.set_isa(isa)
+        assert np.array_equal(gl.dequantize_rows(blocks, gl.QTYPES[qname], in_features).numpy(), ref), isa
+        _check_matmul(blocks, gl.QTYPES[qname], in_features, ref, 6, seed=6)
+
+
+def test_set_isa_rejects_an_unknown_name() -> None:
+    k = gl.kernel()
+    assert k is not None
+    with pytest.raises(ValueError, match="not one this CPU runs"):
+        k.set_isa("sse9")

@@ -1,0 +1,177 @@
+/* The hot loops of _ggufmm.c, included once per instruction set with K(name) giving each
+ * copy its own names (name_avx512, name_avx2, name_base); see the dispatch there. */
+
+
+/* IEEE half -> float, exact for every finite value: the half's exponent and mantissa moved
+ * into a float's place and scaled by 2^112 (re-biasing 15 -> 127; subnormals come out right
+ * too), the sign put back; infinities and NaNs (never in weights) take the slow branch. */
+static inline __attribute__((always_inline)) float K(half_to_float)(uint16_t h) {
+    uint32_t bits = (uint32_t)(h & 0x7fff) << 13;
+    float f;
+    memcpy(&f, &bits, 4);
+    f *= 0x1p112f;
+    if (__builtin_expect((h & 0x7c00) == 0x7c00, 0)) {
+        bits = 0x7f800000u | ((uint32_t)(h & 0x3ff) << 13);
+        memcpy(&f, &bits, 4);
+    }
+    return (h & 0x8000) ? -f : f;
+}
+
+static inline __attribute__((always_inline)) uint16_t K(rd16)(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+
+typedef uint8_t u8x16 __attribute__((vector_size(16)));
+typedef uint64_t u64x2 __attribute__((vector_size(16)));
+
+/* ---- one row of blocks -> k floats ---------------------------------------------------- */
+
+/* Q8_0: 32 weights = f16 d, int8 q[32]; w = d * q */
+static void K(deq_q8_0)(const uint8_t *src, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 32; b++, src += 34, out += 32) {
+        const float d = K(half_to_float)(K(rd16)(src));
+        const int8_t *q = (const int8_t *)(src + 2);
+        for (int i = 0; i < 32; i++) out[i] = d * (float)q[i];
+    }
+}
+
+/* Q5_0: 32 weights = f16 d, 32 high bits qh, 16 bytes of low nibbles;
+ * w[j] = d * ((lo_j | hi_j << 4) - 16), low nibbles for j < 16, high ones for j >= 16.
+ * The high bits become bytes through a table (8 per lookup), then 16-byte vector ops and
+ * one convert loop. */
+static void K(deq_q5_0)(const uint8_t *src, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 32; b++, src += 22, out += 32) {
+        const float d = K(half_to_float)(K(rd16)(src));
+        const uint8_t *qh = src + 2;
+        const uint8_t *qs = src + 6;
+        /* built in registers: bytes stored 8 at a time and reloaded 16 at a time would stall */
+        const u64x2 t0 = {q5_high_bits[qh[0]], q5_high_bits[qh[1]]}, t1 = {q5_high_bits[qh[2]], q5_high_bits[qh[3]]};
+        const u8x16 h0 = (u8x16)t0, h1 = (u8x16)t1;
+        u8x16 v;
+        memcpy(&v, qs, 16);
+        const u8x16 lo = ((v & 0x0f) | h0) - 16, hi = ((v >> 4) | h1) - 16; /* wraps to int8 */
+        int8_t q[32];
+        memcpy(q, &lo, 16);
+        memcpy(q + 16, &hi, 16);
+        for (int j = 0; j < 32; j++) out[j] = d * (float)q[j];
+    }
+}
+
+/* Q4_K: 256 weights = f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs for 8 groups of
+ * 32, 128 bytes of nibbles; w = d * sc * q - dmin * m. No fused multiply-add here, so the
+ * weights equal gguf-py's (two roundings) bit for bit. */
+__attribute__((optimize("fp-contract=off"))) static void K(deq_q4_k)(const uint8_t *src, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 256; b++, src += 144) {
+        const float d = K(half_to_float)(K(rd16)(src));
+        const float dmin = K(half_to_float)(K(rd16)(src + 2));
+        const uint8_t *s = src + 4;
+        const uint8_t *q = src + 16;
+        for (int g = 0; g < 8; g += 2, q += 32) {
+            float sc[2], mn[2];
+            for (int h = 0; h < 2; h++) {
+                const int j = g + h;
+                int a, m;
+                if (j < 4) {
+                    a = s[j] & 63;
+                    m = s[j + 4] & 63;
+                } else {
+                    a = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+                    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                }
+                sc[h] = d * (float)a;
+                mn[h] = dmin * (float)m;
+            }
+            for (int l = 0; l < 32; l++) {
+                float w0 = sc[0] * (float)(q[l] & 0x0f);
+                float w1 = sc[1] * (float)(q[l] >> 4);
+                out[l] = w0 - mn[0];
+                out[l + 32] = w1 - mn[1];
+            }
+            out += 64;
+        }
+    }
+}
+
+/* Q6_K: 256 weights = 128 bytes low nibbles, 64 bytes of 2-bit highs, int8 scales[16] (one
+ * per 16 weights), f16 d; w = d * scale * (q - 32). Weight 32 * j + l of a half (j < 4,
+ * l < 32) takes nibble j / 2 of ql[l + 32 * (j % 2)] and bits 2j of qh[l]; each run of 16
+ * shares one scale, so the inner loop is a straight vector loop. */
+static void K(deq_q6_k)(const uint8_t *src, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 256; b++, src += 210) {
+        const uint8_t *ql = src;
+        const uint8_t *qh = src + 128;
+        const int8_t *sc = (const int8_t *)(src + 192);
+        const float d = K(half_to_float)(K(rd16)(src + 208));
+        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, out += 128) {
+            for (int j = 0; j < 4; j++) {
+                for (int g = 0; g < 2; g++) {
+                    u8x16 lo, hi;
+                    memcpy(&lo, ql + 32 * (j & 1) + 16 * g, 16);
+                    memcpy(&hi, qh + 16 * g, 16);
+                    const u8x16 v = (((lo >> (4 * (j >> 1))) & 0x0f) | (((hi >> (2 * j)) & 3) << 4)) - 32;
+                    int8_t q[16];
+                    memcpy(q, &v, 16);
+                    const float s = d * (float)sc[2 * j + g];
+                    float *o = out + 32 * j + 16 * g;
+                    for (int l = 0; l < 16; l++) o[l] = s * (float)q[l];
+                }
+            }
+        }
+    }
+}
+
+/* ---- dot products of one dequantized row with up to four rows of x --------------------- */
+
+/* VW floats per vector: 16 (AVX-512), 8 (AVX2), 4 (baseline SSE2), set by the includer. */
+typedef float K(vf) __attribute__((vector_size(VW * 4)));
+
+static inline __attribute__((always_inline)) K(vf) K(ld)(const float *p) {
+    K(vf) v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline __attribute__((always_inline)) float K(hsum)(K(vf) v) {
+    float s = 0.0f;
+    for (int i = 0; i < VW; i++) s += v[i];
+    return s;
+}
+
+/* w: one row [k] (k a multiple of 32); y[r * ldy] = dot(w, x_r) for the m rows of x. */
+static void K(dot_one)(const float *w, int64_t k, const float *x, int64_t m, float *y, int64_t ldy) {
+    for (int64_t r = 0; r < m; r++) {
+        const float *xr = x + r * k;
+        K(vf) a0 = {0}, a1 = {0};
+        for (int64_t i = 0; i < k; i += 2 * VW) {
+            a0 += K(ld)(w + i) * K(ld)(xr + i);
+            a1 += K(ld)(w + i + VW) * K(ld)(xr + i + VW);
+        }
+        y[r * ldy] = K(hsum)(a0 + a1);
+    }
+}
+
+/* w: four rows [4, k]; y[r * ldy + j] = dot(w_j, x_r). A register tile of 4 weight rows by
+ * XT rows of x (4 x 4 accumulators with 32 vector registers, 4 x 2 with 16): each vector of
+ * w or x loaded from L1 feeds XT or 4 FMAs, and x is read once per four weight rows. */
+#define XT (VW == 16 ? 4 : 2)
+static void K(dot_rows)(const float *w, int64_t nw, int64_t k, const float *x, int64_t m, float *y, int64_t ldy) {
+    if (nw != 4) {
+        for (int64_t j = 0; j < nw; j++) K(dot_one)(w + j * k, k, x, m, y + j, ldy);
+        return;
+    }
+    int64_t r = 0;
+    for (; r + XT <= m; r += XT) {
+        K(vf) acc[4][XT];
+        for (int j = 0; j < 4; j++)
+            for (int t = 0; t < XT; t++) acc[j][t] = (K(vf)){0};
+        for (int64_t i = 0; i < k; i += VW) {
+            K(vf) wv[4], xv[XT];
+            for (int j = 0; j < 4; j++) wv[j] = K(ld)(w + j * k + i);
+            for (int t = 0; t < XT; t++) xv[t] = K(ld)(x + (r + t) * k + i);
+            for (int j = 0; j < 4; j++)
+                for (int t = 0; t < XT; t++) acc[j][t] += wv[j] * xv[t];
+        }
+        for (int t = 0; t < XT; t++)
+            for (int j = 0; j < 4; j++) y[(r + t) * ldy + j] = K(hsum)(acc[j][t]);
+    }
+    for (int j = 0; j < 4; j++) K(dot_one)(w + j * k, k, x + r * k, m - r, y + r * ldy + j, ldy);
+}
+#undef XT
