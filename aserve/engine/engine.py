@@ -29,7 +29,7 @@ from aserve.device.step import Step
 from aserve.engine.admission import Admission, AdmissionLimits, Prompt
 from aserve.engine.commit import Committer
 from aserve.engine.recorder import StepRecorder
-from aserve.engine.setup import available_cpus, LoadedEngine, load_engine_parts, load_on_stream
+from aserve.engine.setup import LoadedEngine, available_cpus, load_engine_parts, load_on_stream
 from aserve.engine.step_loop import StepLoop
 from aserve.engine.stream import RequestStream, collect_result, stream_deltas
 from aserve.errors import EngineClosedError, EngineFailedError, InvalidRequestError
