@@ -25,6 +25,9 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#include <immintrin.h> /* usable inside the target pragmas below */
+#endif
 
 
 /* ggml type ids (gguf.GGMLQuantizationType) */

@@ -42,6 +42,19 @@ static void K(deq_q5_0)(const uint8_t *src, int64_t k, float *out) {
         const float d = K(half_to_float)(K(rd16)(src));
         const uint8_t *qh = src + 2;
         const uint8_t *qs = src + 6;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+        /* AVX-512BW: the 32 high bits are a byte mask; 32 weights in two 16-float registers. */
+        uint32_t bits;
+        memcpy(&bits, qh, 4);
+        const __m128i v = _mm_loadu_si128((const __m128i *)qs);
+        const __m128i m4 = _mm_set1_epi8(0x0f), off = _mm_set1_epi8(16);
+        const __m128i lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), _mm_maskz_mov_epi8((__mmask16)bits, off)), off);
+        const __m128i hi = _mm_sub_epi8(
+            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_maskz_mov_epi8((__mmask16)(bits >> 16), off)), off);
+        const __m512 dv = _mm512_set1_ps(d);
+        _mm512_storeu_ps(out, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo))));
+        _mm512_storeu_ps(out + 16, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
+#else
         /* built in registers: bytes stored 8 at a time and reloaded 16 at a time would stall */
         const u64x2 t0 = {q5_high_bits[qh[0]], q5_high_bits[qh[1]]}, t1 = {q5_high_bits[qh[2]], q5_high_bits[qh[3]]};
         const u8x16 h0 = (u8x16)t0, h1 = (u8x16)t1;
@@ -52,6 +65,7 @@ static void K(deq_q5_0)(const uint8_t *src, int64_t k, float *out) {
         memcpy(q, &lo, 16);
         memcpy(q + 16, &hi, 16);
         for (int j = 0; j < 32; j++) out[j] = d * (float)q[j];
+#endif
     }
 }
 
@@ -101,6 +115,20 @@ static void K(deq_q6_k)(const uint8_t *src, int64_t k, float *out) {
         const int8_t *sc = (const int8_t *)(src + 192);
         const float d = K(half_to_float)(K(rd16)(src + 208));
         for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, out += 128) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+            const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            for (int j = 0; j < 4; j++) {
+                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (j & 1)));
+                const __m256i nib = _mm256_and_si256(_mm256_srli_epi16(l, 4 * (j >> 1)), m4);
+                const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), m2), 4);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, hb), off);
+                const __m512 s0 = _mm512_set1_ps(d * (float)sc[2 * j]), s1 = _mm512_set1_ps(d * (float)sc[2 * j + 1]);
+                _mm512_storeu_ps(out + 32 * j, _mm512_mul_ps(s0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)))));
+                _mm512_storeu_ps(out + 32 * j + 16,
+                                 _mm512_mul_ps(s1, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)))));
+            }
+#else
             for (int j = 0; j < 4; j++) {
                 for (int g = 0; g < 2; g++) {
                     u8x16 lo, hi;
@@ -114,6 +142,7 @@ static void K(deq_q6_k)(const uint8_t *src, int64_t k, float *out) {
                     for (int l = 0; l < 16; l++) o[l] = s * (float)q[l];
                 }
             }
+#endif
         }
     }
 }
