@@ -49,8 +49,33 @@ def reference(gguf_path: Path) -> tuple[Any, Any]:
     return tok, hf
 
 
+@pytest.fixture(scope="module")
+def ours_blocks(gguf_path: Path) -> tuple[ModelConfig, nn.Module]:
+    from aserve.kernels.gguf_linear import kernel, unavailable_reason
+
+    if kernel() is None:
+        pytest.skip(f"GGUF CPU kernel not built: {unavailable_reason()}")
+    cfg, model, _ = load_model("gemma-3-270m", torch.float32, torch.device("cpu"), gguf_blocks=True)
+    return cfg, model
+
+
 @torch.no_grad()
 def test_matches_transformers(ours: tuple[ModelConfig, nn.Module], reference: tuple[Any, Any]) -> None:
+    _check_against_transformers(ours, reference)
+
+
+@torch.no_grad()
+def test_gguf_blocks_match_transformers(ours_blocks: tuple[ModelConfig, nn.Module], reference: tuple[Any, Any]) -> None:
+    """The weights kept as GGUF blocks on aserve's kernel, against transformers' float32."""
+    from aserve.kernels.gguf_linear import GGUFEmbedding, GGUFLinear
+
+    _, model = ours_blocks
+    kinds = {type(m) for m in model.modules()}
+    assert GGUFLinear in kinds and GGUFEmbedding in kinds and nn.Linear not in kinds
+    _check_against_transformers(ours_blocks, reference)
+
+
+def _check_against_transformers(ours: tuple[ModelConfig, nn.Module], reference: tuple[Any, Any]) -> None:
     cfg, model = ours
     tok, hf = reference
     for prompt in PROMPTS:
