@@ -294,6 +294,7 @@ class Engine:
             "device": str(parts.device),
             "dtype": str(parts.dtype).removeprefix("torch."),
             "weights": parts.weights,
+            "cpu_threads": torch.get_num_threads() if parts.device.type == "cpu" else None,
             "kv_tokens": pool.total_tokens,
             "kv_bytes_per_token": pool.bytes_per_token(),
             "page_size": pool.page_size,
