@@ -118,9 +118,15 @@ def llama_cpp_scorer(window: int, threads: int) -> Scorer | None:
     return score
 
 
-def run(scorer: Scorer, wins: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, float]:
+def run(name: str, scorer: Scorer, wins: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, float]:
     t0 = time.perf_counter()
-    lps, tops = zip(*(scorer(w) for w in wins))
+    lps, tops = [], []
+    for i, w in enumerate(wins):
+        lp, top = scorer(w)
+        lps.append(lp)
+        tops.append(top)
+        if (i + 1) % 10 == 0 or i + 1 == len(wins):
+            print(f"{name}: {i + 1}/{len(wins)} windows, {time.perf_counter() - t0:.0f} s", flush=True)
     return torch.cat(lps), torch.cat(tops), time.perf_counter() - t0
 
 
@@ -137,16 +143,19 @@ def main() -> None:
     bos = tok.bos_token_id
     assert bos is not None, "the default model has a BOS token"
     wins = windows(ids, bos, args.window, args.tokens)
-    ref_lp, ref_top, ref_s = run(aserve_scorer(False), wins)
+    ref_lp, ref_top, ref_s = run("aserve float32", aserve_scorer(False), wins)
     rows: list[dict[str, Any]] = [{"engine": "aserve float32", "ppl": math.exp(-ref_lp.mean().item()),
                                    "top1_agreement": 1.0, "seconds": ref_s}]  # fmt: skip
-    engines: list[tuple[str, Scorer | None]] = [("aserve gguf blocks", aserve_scorer(True))]
-    engines.append(("llama.cpp (llama-cpp-python)", llama_cpp_scorer(args.window, torch.get_num_threads())))
-    for name, scorer in engines:
+    makers: list[tuple[str, Callable[[], Scorer | None]]] = [
+        ("aserve gguf blocks", lambda: aserve_scorer(True)),
+        ("llama.cpp (llama-cpp-python)", lambda: llama_cpp_scorer(args.window, torch.get_num_threads())),
+    ]
+    for name, make in makers:
+        scorer = make()  # one engine in memory at a time
         if scorer is None:
             print(f"{name}: not installed, skipped")
             continue
-        lp, top, secs = run(scorer, wins)
+        lp, top, secs = run(name, scorer, wins)
         rows.append({"engine": name, "ppl": math.exp(-lp.mean().item()),
                      "top1_agreement": (top == ref_top).double().mean().item(), "seconds": secs})  # fmt: skip
     for r in rows[1:]:
@@ -154,7 +163,8 @@ def main() -> None:
     result = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": f"{platform.machine()} {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
-        "load_average": os.getloadavg(),
+        "load_average_after": os.getloadavg(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
         "corpus": f"docstrings of {len(CORPUS_MODULES)} stdlib modules (Python {platform.python_version()})",
         "windows": len(wins),
         "window": args.window,
