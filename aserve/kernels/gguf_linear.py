@@ -90,12 +90,14 @@ def dequantize_rows(
 
 
 class GGUFLinear(nn.Module):
-    """``nn.Linear`` without bias whose weight is GGUF blocks ``[out_features, row_bytes]`` uint8."""
+    """``nn.Linear`` whose weight is GGUF blocks ``[out_features, row_bytes]`` uint8; ``bias``:
+    a float32 bias parameter (filled by the checkpoint, as Qwen2's q/k/v biases)."""
 
     blocks: torch.Tensor
 
-    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int) -> None:
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, bias: bool = False) -> None:
         super().__init__()
+        self.bias = nn.Parameter(torch.zeros(blocks.shape[0]), requires_grad=False) if bias else None
         expect = row_bytes(qtype, in_features)
         assert blocks.dim() == 2 and blocks.shape[1] == expect, f"blocks {tuple(blocks.shape)}, want [*, {expect}]"
         self.register_buffer("blocks", blocks.contiguous(), persistent=False)
@@ -107,6 +109,8 @@ class GGUFLinear(nn.Module):
         # x: [..., in] -> [..., out]
         lead = x.shape[:-1]
         y = gguf_matmul(x.reshape(-1, self.in_features).float(), self.blocks, self.qtype, self.in_features)
+        if self.bias is not None:
+            y += self.bias
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:

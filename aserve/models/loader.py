@@ -128,8 +128,8 @@ def use_gguf_blocks(model: nn.Module, tensors: dict[str, torch.Tensor], qtypes: 
         old = model.get_submodule(path)
         blocks = tensors.pop(name)
         new: nn.Module
-        if isinstance(old, nn.Linear) and old.bias is None:
-            new = GGUFLinear(blocks, qtype, old.in_features)
+        if isinstance(old, nn.Linear):
+            new = GGUFLinear(blocks, qtype, old.in_features, bias=old.bias is not None)
         elif isinstance(old, nn.Embedding):
             new = GGUFEmbedding(blocks, qtype, old.embedding_dim)
         else:

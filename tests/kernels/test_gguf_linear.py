@@ -178,3 +178,15 @@ def test_set_isa_rejects_an_unknown_name() -> None:
     assert k is not None
     with pytest.raises(ValueError, match="not one this CPU runs"):
         k.set_isa("sse9")
+
+
+def test_linear_with_bias() -> None:
+    """Qwen2's q/k/v projections carry a bias; the module adds it after the kernel's matmul."""
+    k = 96
+    blocks = _random_blocks("Q8_0", 10, k, seed=7)
+    lin = gl.GGUFLinear(blocks, gl.QTYPES["Q8_0"], k, bias=True)
+    bias = torch.randn(10)
+    lin.load_state_dict({"bias": bias})
+    x = torch.randn(3, k)
+    want = x.double() @ torch.from_numpy(_reference(blocks, "Q8_0")).double().t() + bias.double()
+    assert torch.allclose(lin(x).double(), want, rtol=0, atol=1e-4)

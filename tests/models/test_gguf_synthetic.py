@@ -30,8 +30,11 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _write_gguf(hf: Any, arch: str, path: Path) -> None:
-    from gguf import GGUFWriter
+def _write_gguf(hf: Any, arch: str, path: Path, quantized: bool = False) -> None:
+    """``quantized``: 2-D weights as llama.cpp's Q4_K_M mix stores them for rows of 32-multiples
+    (Q5_0 for q/k/gate/up, Q8_0 for the rest and the embedding), quantized by gguf-py."""
+    from gguf import GGMLQuantizationType, GGUFWriter
+    from gguf.quants import quantize
 
     c = hf.config
     w = GGUFWriter(str(path), arch)
@@ -84,6 +87,11 @@ def _write_gguf(hf: Any, arch: str, path: Path) -> None:
                 a = _permute(a, c.num_key_value_heads)
         if arch == "gemma3" and gname.endswith("norm.weight"):
             a = a + 1.0
+        if quantized and a.ndim == 2 and a.shape[1] % 32 == 0:
+            five = any(f".{g}." in gname for g in ("attn_q", "attn_k", "ffn_gate", "ffn_up"))
+            qtype = GGMLQuantizationType.Q5_0 if five else GGMLQuantizationType.Q8_0
+            w.add_tensor(gname, quantize(np.ascontiguousarray(a), qtype), raw_dtype=qtype)
+            continue
         w.add_tensor(gname, np.ascontiguousarray(a))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -127,3 +135,30 @@ def test_gguf_conventions(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyP
         diff = (torch.log_softmax(torch.stack(got), -1) - ref[5:]).abs().max().item()
         assert diff < 1e-3, (attempt, diff)
     assert list((tmp_path / "cache").glob("*.safetensors"))
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_gguf_blocks_equal_the_dequantized_path(arch: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Quantized synthetic GGUFs (Llama's q/k rows permuted in block form): the model on GGUF
+    blocks gives the float32 path's logits (gguf-py dequantized, torch matmul)."""
+    from aserve.kernels.gguf_linear import GGUFEmbedding, GGUFLinear, kernel
+
+    if kernel() is None:
+        pytest.skip("GGUF CPU kernel not built")
+    monkeypatch.setenv("ASERVE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(2)
+    hf = _gemma3() if arch == "gemma3" else _llama()
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.normal_(0.0, 0.2)
+    path = tmp_path / f"tiny-q-{arch}.gguf"
+    _write_gguf(hf, arch, path, quantized=True)
+    ids = _prompt(12, 9)
+    logits = []
+    for blocks in (False, True):
+        cfg, model, _ = load_model(str(path), torch.float32, torch.device("cpu"), gguf_blocks=blocks)
+        kinds = {type(m) for m in model.modules()}
+        assert (GGUFLinear in kinds and GGUFEmbedding in kinds) == blocks
+        r = PagedRunner(model, cfg, torch.float32)
+        logits.append(torch.stack([r.step([(0, ids[:6])])[0]] + [r.step([(0, [t])])[0] for t in ids[6:]]))
+    assert torch.allclose(logits[1], logits[0], rtol=0, atol=1e-4), (logits[1] - logits[0]).abs().max()
