@@ -135,7 +135,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=20480, help="next-token predictions scored (default: %(default)s)")
     ap.add_argument("--window", type=int, default=512, help="tokens per window, BOS included (default: %(default)s)")
     ap.add_argument("--out", default="quality.json")
+    ap.add_argument("--kernel-only", action="store_true",
+                    help="run every matmul of the gguf path on the decode kernel (a window is one prefill: by default "
+                         "its matmuls dequantize and run sgemm, which are the float32 path's numbers bit for bit)")  # fmt: skip
+    ap.add_argument("--no-llama-cpp", dest="llama_cpp", action="store_false", help="leave out llama.cpp")
     args = ap.parse_args()
+    if args.kernel_only:
+        from aserve.kernels import gguf_linear
+
+        gguf_linear.GEMM_MIN_ROWS = 1 << 30
     from aserve.engine.setup import load_tokenizer
 
     tok = load_tokenizer(resolve_model_path("gemma-3-270m"))
@@ -148,8 +156,9 @@ def main() -> None:
                                    "top1_agreement": 1.0, "seconds": ref_s}]  # fmt: skip
     makers: list[tuple[str, Callable[[], Scorer | None]]] = [
         ("aserve gguf blocks", lambda: aserve_scorer(True)),
-        ("llama.cpp (llama-cpp-python)", lambda: llama_cpp_scorer(args.window, torch.get_num_threads())),
     ]
+    if args.llama_cpp:
+        makers.append(("llama.cpp (llama-cpp-python)", lambda: llama_cpp_scorer(args.window, torch.get_num_threads())))
     for name, make in makers:
         scorer = make()  # one engine in memory at a time
         if scorer is None:
@@ -165,6 +174,7 @@ def main() -> None:
         "machine": f"{platform.machine()} {os.cpu_count()} cores, torch threads {torch.get_num_threads()}",
         "load_average_after": os.getloadavg(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "gguf_matmuls": "decode kernel for every call" if args.kernel_only else "kernel below 32 rows, else sgemm",
         "corpus": f"docstrings of {len(CORPUS_MODULES)} stdlib modules (Python {platform.python_version()})",
         "windows": len(wins),
         "window": args.window,
