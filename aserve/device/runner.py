@@ -225,11 +225,9 @@ class ModelRunner:
         materialized = DeviceEvent(f"step{index}.materialized")
         copied = DeviceEvent(f"step{index}.copied")
 
-        def sample_and_copy(dev: DeviceInputs) -> None:
-            if defer:
-                stream.submit(lambda: result.__setitem__("out", self._sample_part(result.pop("fwd"), dev)))
-            else:
-                stream.submit(lambda: result.__setitem__("out", self._device_work(dev)))
+        def sample_and_copy(work: Callable[[], SampleOutput]) -> None:
+            """``work`` (the whole step, or a split step's sampler), then the copy out."""
+            stream.submit(lambda: result.__setitem__("out", work()))
             stream.record(materialized.name, into=materialized)
 
             def copy_out() -> None:
@@ -244,15 +242,15 @@ class ModelRunner:
         step.read_host = lambda: result["host"]
         if defer:
             assert host.sampling is not None
+            grammar = [g for _, g in host.sampling.grammar]
 
             def finish() -> None:
-                assert dev.sbatch is not None and host.sampling is not None
-                bits = fill_masks([g for _, g in host.sampling.grammar])
-                sample_and_copy(dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits)))
+                masked = _with_masks(dev, fill_masks(grammar))
+                sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked))
 
             step.finish_launch = finish
         else:
-            sample_and_copy(dev)
+            sample_and_copy(lambda: self._device_work(dev))
         return step
 
     def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
@@ -279,7 +277,7 @@ class ModelRunner:
             # Placeholders, recorded by finish_launch(); a watcher may await them before that.
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
-            assert host.sampling is not None and sbatch is not None
+            assert host.sampling is not None
             grammar = [g for _, g in host.sampling.grammar]
 
             def finish() -> None:
@@ -290,7 +288,7 @@ class ModelRunner:
                 with torch.cuda.stream(self.schedule_stream):
                     bits = pinned.to(self.device, non_blocking=True)
                 self.forward_stream.wait_stream(self.schedule_stream)
-                masked = dataclasses.replace(dev, sbatch=dataclasses.replace(sbatch, mask_bits=bits))
+                masked = _with_masks(dev, bits)
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
                 step.keepalive += [masked, out, pinned]
 
@@ -323,6 +321,12 @@ class ModelRunner:
             copied = cuda_record(self.copy_stream, waiter, f"step{index}.copied",
                                  into=None if step is None else step.copied)  # fmt: skip
         return out, materialized, copied
+
+
+def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:
+    """A split step's inputs with its constrained rows' masks, filled after launch."""
+    assert dev.sbatch is not None
+    return dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits))
 
 
 class _Logits(NamedTuple):

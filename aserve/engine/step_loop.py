@@ -304,10 +304,11 @@ class StepLoop:
     def _oldest_launch(self) -> float | None:
         """When the oldest step in flight was launched, or the launch under way began (read from
         the backstop's thread)."""
-        times = [t for t in (self._launching_since,) if t is not None]
+        oldest = self._launching_since
         with contextlib.suppress(IndexError):  # the loop may pop the last one meanwhile
-            times.append(self._launched_at[0])
-        return min(times) if times else None
+            launched = self._launched_at[0]
+            oldest = launched if oldest is None else min(oldest, launched)
+        return oldest
 
     def _end_stuck(self) -> bool:
         """Requests that cannot fit the KV pool even alone, or whose KV allocation failed while
