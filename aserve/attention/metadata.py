@@ -35,6 +35,9 @@ class AttentionMetadata:
     # Upper bound on any sequence's length for kernels whose grid must not depend on the
     # step (decode graphs: the pool's max_context); None: taken from the host lengths.
     seq_len_bound: int | None = None
+    # A fixed-shape extend step (a CUDA graph's, aserve/device/extend_graphs.py): T is a padded
+    # bound, its padding tokens belong to no sequence, and the host lengths are not given.
+    token_bound: int | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -57,7 +60,7 @@ class AttentionMetadata:
     @cached_property
     def all_decode(self) -> bool:
         """Every sequence adds one token (a decode step)."""
-        return all(e == 1 for e in self.extend_lens_cpu)
+        return self.token_bound is None and all(e == 1 for e in self.extend_lens_cpu)
 
 
 def build_metadata(

@@ -10,8 +10,9 @@ the cache.
   runs an online softmax over one split of the context and writes a partial output and its
   log-sum-exp; the splits are merged with a few tensor ops. Splitting along the context
   keeps the GPU busy when the batch is small and contexts are long.
-* extend (prefills, chunked prefills, mixed batches): grid (sequences, query heads, query
-  blocks); causal against prefix + the block's own tokens.
+* extend (prefills, chunked prefills, mixed batches): grid (query blocks, query heads), each
+  block mapped to its sequence on the device, so a CUDA graph can fix the grid at a bound;
+  causal against prefix + the block's own tokens.
 
 Written here; checked against the torch reference (``aserve/attention/reference.py``) on
 random shapes, on the GPU and on the CPU through Triton's interpreter (``TRITON_INTERPRET=1``).
@@ -120,19 +121,23 @@ def _decode_merge_kernel(
     tl.store(Out + b * stride_ot + h * stride_oh + d, out.to(Out.dtype.element_ty))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_seqs"])  # any batch size: one compiled kernel
 def _extend_kernel(
-    Q, K, V, Out, Table, Rows, Prefix, Extend, QStart,
+    Q, K, V, Out, Table, Rows, Prefix, Extend, QStart, BlockSeq, BlockIdx,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_ot, stride_oh, stride_tr,
-    scale, window,
+    scale, window, num_seqs,
     GROUP: tl.constexpr, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_WINDOW: tl.constexpr,
     PRECISION: tl.constexpr,
 ):  # fmt: skip
-    b = tl.program_id(0)
+    # One program per (query block, head): BlockSeq/BlockIdx name the block's sequence and its
+    # index within the sequence; a sequence index of num_seqs marks a spare program (the grid is
+    # a bound when the step is a CUDA graph's).
+    blk = tl.program_id(0)
     h = tl.program_id(1)
-    mb = tl.program_id(2)
-    extend = tl.load(Extend + b)
-    if mb * BLOCK_M < extend:
+    b = tl.load(BlockSeq + blk)
+    if b < num_seqs:
+        mb = tl.load(BlockIdx + blk)
+        extend = tl.load(Extend + b)
         prefix = tl.load(Prefix + b)
         q0 = tl.load(QStart + b).to(tl.int64)
         row = tl.load(Rows + b).to(tl.int64)
@@ -183,25 +188,27 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            meta: AttentionMetadata, scale: float, window: int | None) -> torch.Tensor:  # fmt: skip
-    t, h, d = q.shape
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
+            seq_lens: torch.Tensor, bound: int, scale: float, window: int | None,
+            out: torch.Tensor) -> torch.Tensor:  # fmt: skip
+    """Single-token queries: q[b] (b < len(rows)) attends to the first ``seq_lens[b]`` keys of
+    table row ``rows[b]`` (0: none, a zero output) and is written to ``out[b]``. ``bound``: the
+    longest any sequence may be (the split count follows it, so a graph's grid is fixed)."""
+    _t, h, d = q.shape
+    t = rows.shape[0]
     hkv = k_cache.shape[1]
     group = h // hkv
-    bound = meta.max_seq_len if meta.seq_len_bound is None else meta.seq_len_bound
     splits = num_decode_splits(t, hkv, bound)
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device)
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
-    table = meta.req_to_token
     _decode_split_kernel[(t, hkv, splits)](
-        q, k_cache, v_cache, table, meta.req_pool_indices, meta.seq_lens, mid_o, mid_lse,
+        q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         scale, window or 0,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=32, NUM_SPLITS=splits,
         HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype),
     )  # fmt: skip
-    out = torch.empty_like(q)
     _decode_merge_kernel[(t, h)](
         mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), NUM_SPLITS=splits, D=d,
@@ -209,22 +216,65 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out
 
 
+def extend_block_m(head_dim: int) -> int:
+    """Query rows per program of the extend kernel."""
+    return 16 if head_dim > 128 else 32
+
+
+def _extend_grid(
+    meta: AttentionMetadata, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Each sequence's first token in q, and each program's (sequence, query block), built on
+    the device once per forward (every layer reuses them). The program count comes from the
+    host lengths, or is a bound (``meta.token_bound``) on a CUDA graph's fixed-shape step; the
+    spare programs get sequence index ``num_seqs`` and return at once.
+
+    In a fixed-shape step the sequences that lead the batch with one token each (a mixed
+    step's decodes) are the decode kernel's: they get no query block here, and the fourth
+    tensor holds their lengths for it (0 for every other sequence). In the extend kernel one
+    program per query head would read a decode's whole context once per head of its group."""
+    key = ("triton.extend_grid", block_m)
+    grid = meta.cache.get(key)
+    if grid is None:
+        ext = meta.extend_lens
+        q_start = torch.cumsum(ext, 0) - ext
+        decode_lens = None
+        if meta.token_bound is None:
+            num_blocks = sum(triton.cdiv(e, block_m) for e in meta.extend_lens_cpu)
+        else:
+            num_blocks = triton.cdiv(meta.token_bound, block_m) + ext.shape[0]
+            lead = (ext == 1) & (q_start == torch.arange(ext.shape[0], device=ext.device))
+            decode_lens = torch.where(lead, meta.seq_lens, 0)
+            ext = torch.where(lead, 0, ext)
+        blocks = (ext + block_m - 1) // block_m
+        ends = torch.cumsum(blocks, 0)
+        program = torch.arange(num_blocks, dtype=ends.dtype, device=ext.device)
+        seq = torch.searchsorted(ends, program, right=True)  # [num_blocks], num_seqs for spares
+        first = (ends - blocks)[seq.clamp(max=ext.shape[0] - 1)]
+        grid = meta.cache[key] = (q_start, seq, program - first, decode_lens)
+    return grid
+
+
 def _extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
             scale: float, window: int | None) -> torch.Tensor:  # fmt: skip
     _t, h, d = q.shape
     hkv = k_cache.shape[1]
-    out = torch.empty_like(q)
-    q_start = meta.cache.get("triton.q_start")  # [B], once per forward, not per layer
-    if q_start is None:
-        q_start = meta.cache["triton.q_start"] = torch.cumsum(meta.extend_lens, 0) - meta.extend_lens
-    block_m = 16 if d > 128 else 32
+    # A fixed-shape step's padding tokens belong to no sequence: zeros, not stale memory.
+    out = torch.empty_like(q) if meta.token_bound is None else torch.zeros_like(q)
+    block_m = extend_block_m(d)
+    q_start, block_seq, block_idx, decode_lens = _extend_grid(meta, block_m)
     table = meta.req_to_token
-    grid = (meta.num_seqs, h, triton.cdiv(meta.max_extend, block_m))
-    _extend_kernel[grid](
+    if decode_lens is not None:
+        # Rows [0, num_seqs) of q: the leading decodes get their outputs; the other rows, zeros
+        # that the extend kernel below overwrites where they are prompt tokens.
+        assert meta.seq_len_bound is not None, "a fixed-shape step bounds its sequences' lengths"
+        _decode(q, k_cache, v_cache, table, meta.req_pool_indices, decode_lens, meta.seq_len_bound, scale, window, out)
+    _extend_kernel[(block_seq.shape[0], h)](
         q, k_cache, v_cache, out, table, meta.req_pool_indices, meta.prefix_lens, meta.extend_lens, q_start,
+        block_seq, block_idx,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         out.stride(0), out.stride(1), table.stride(0),
-        scale, window or 0,
+        scale, window or 0, meta.extend_lens.shape[0],
         GROUP=h // hkv, D=d, BLOCK_M=block_m, BLOCK_N=32, HAS_WINDOW=window is not None,
         PRECISION=_precision(q.dtype),
     )  # fmt: skip
@@ -258,5 +308,7 @@ def attend_triton(
     assert q.shape[2] in (16, 32, 64, 128, 256), f"head_dim {q.shape[2]} is not supported by the Triton kernels"
     q = q.contiguous()
     if meta.all_decode:
-        return _decode(q, k_cache, v_cache, meta, scale, sliding_window)
+        bound = meta.max_seq_len if meta.seq_len_bound is None else meta.seq_len_bound
+        return _decode(q, k_cache, v_cache, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, bound, scale,
+                       sliding_window, torch.empty_like(q))  # fmt: skip
     return _extend(q, k_cache, v_cache, meta, scale, sliding_window)

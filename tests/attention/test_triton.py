@@ -16,9 +16,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 triton = pytest.importorskip("triton")
 
-from aserve.attention.metadata import build_metadata  # noqa: E402
+from aserve.attention.metadata import AttentionMetadata, build_metadata  # noqa: E402
 from aserve.attention.reference import paged_attention  # noqa: E402
-from aserve.attention.triton_paged import paged_attention_triton  # noqa: E402
+from aserve.attention.triton_paged import attend_triton, paged_attention_triton  # noqa: E402
 
 # Triton's CPU interpreter runs these slowly on a CPU (quick set: `pytest`; these: `pytest -m slow`).
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def _case(seed: int, heads: int, kv_heads: int, dim: int, prefix: list[int], ext
     meta2 = build_metadata(table, rows, prefix, extend, DEVICE)
     kc2, vc2 = kc.clone(), vc.clone()
     out = paged_attention_triton(q, k, v, kc2, vc2, meta2, dim**-0.5, window)
-    return out, ref, (kc2, vc2, meta2)
+    return out, ref, (kc2, vc2, meta2, q)
 
 
 @pytest.mark.parametrize(
@@ -56,7 +56,7 @@ def _case(seed: int, heads: int, kv_heads: int, dim: int, prefix: list[int], ext
 )
 def test_decode_matches_reference(heads: int, kv_heads: int, dim: int, window: int | None) -> None:
     prefix = [0, 5, 40, 77]  # 0: a sequence whose only key is its own new token
-    out, ref, (_kc, _, _meta) = _case(1, heads, kv_heads, dim, prefix, [1] * 4, window)
+    out, ref, _ = _case(1, heads, kv_heads, dim, prefix, [1] * 4, window)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert torch.isfinite(out).all()
 
@@ -73,6 +73,43 @@ def test_extend_mixed_batch_matches_reference(
 ) -> None:
     out, ref, _ = _case(2, heads, kv_heads, dim, prefix, extend, window)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "extend"),
+    [([33, 7, 0, 20, 9], [1, 1, 37, 1, 18]), ([5, 60], [1, 1]), ([0, 4], [21, 6])],
+    # The planner's mixed step with a one-token chunk after a longer one (not a leading decode),
+    # decodes only, chunks only.
+    ids=["mixed", "decodes-only", "chunks-only"],
+)
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(4, 2, 32, None), (4, 1, 256, 6)])
+def test_fixed_shape_step_matches_reference(
+    heads: int, kv_heads: int, dim: int, window: int | None, prefix: list[int], extend: list[int]
+) -> None:
+    """A CUDA graph's fixed-shape step (``token_bound``): tokens and sequences padded, no host
+    lengths, the leading decodes through the decode kernel; the real rows match the reference
+    and the padding rows are zeros."""
+    out_ref, ref, (kc, vc, meta, q_real) = _case(4, heads, kv_heads, dim, prefix, extend, window)
+    t = sum(extend)
+    pt, pb = 7, 3  # padding tokens and sequences
+    spare_row, pad_slot = 7, kc.shape[0] - 1
+
+    def pad(x: torch.Tensor, n: int, value: int) -> torch.Tensor:
+        return torch.cat([x, torch.full((n,), value, dtype=x.dtype, device=x.device)])
+
+    fixed = AttentionMetadata(
+        positions=pad(meta.positions, pt, 0), out_cache_loc=pad(meta.out_cache_loc, pt, pad_slot),
+        req_pool_indices=pad(meta.req_pool_indices, pb, spare_row), prefix_lens=pad(meta.prefix_lens, pb, 0),
+        extend_lens=pad(meta.extend_lens, pb, 0), seq_lens=pad(meta.seq_lens, pb, 0), req_to_token=meta.req_to_token,
+        logits_indices=pad(meta.logits_indices, pb, 0), prefix_lens_cpu=[], extend_lens_cpu=[],
+        backend="triton", seq_len_bound=meta.req_to_token.shape[1], token_bound=t + pt,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(5)
+    q = torch.cat([q_real, torch.randn(pt, heads, dim, generator=g).to(DEVICE)])
+    out = attend_triton(q, kc, vc, fixed, dim**-0.5, window)  # the cache already holds the new K/V
+    torch.testing.assert_close(out[:t], ref, rtol=1e-4, atol=1e-4)
+    assert (out[t:] == 0).all()
+    torch.testing.assert_close(out[:t], out_ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("extend", [[20, 13], [1, 1, 1], [1, 1, 20]], ids=["extend", "decode", "mixed"])
