@@ -51,6 +51,10 @@ class EngineConfig:
     # Decode steps replayed from CUDA graphs (needs the Triton attention); None: on with CUDA
     # and triton (--disable-cuda-graph). On a CPU, True runs the same static-buffer path uncaptured.
     cuda_graph: bool | None = None
+    # With cuda_graph on, steps that carry a prompt chunk (prefills, mixed batches) of up to
+    # this many tokens replay from CUDA graphs too, padded to a token ladder
+    # (aserve/device/extend_graphs.py). None: max_num_batched_tokens; 0: decode steps only.
+    cuda_graph_max_tokens: int | None = None
     schedule_policy: Literal["fcfs", "lpm"] = "fcfs"  # lpm: longest cached prefix first (long queues)
     page_size: int = 16
     kv_cache_bytes: int | None = None  # KV budget in bytes; None derives it from mem_fraction
@@ -103,6 +107,8 @@ class EngineConfig:
             self.max_running_requests is not None and self.max_running_requests < 1
         ):
             raise InvalidRequestError("max_num_batched_tokens and max_running_requests must be >= 1")
+        if self.cuda_graph_max_tokens is not None and self.cuda_graph_max_tokens < 0:
+            raise InvalidRequestError("cuda_graph_max_tokens must be >= 0", param="cuda_graph_max_tokens")
 
     @property
     def resolved_overlap_depth(self) -> int:
@@ -189,6 +195,8 @@ FLAG_HELP: dict[str, str] = {
     "attention_backend": "paged attention kernels (auto: triton on CUDA, torch on a CPU)",
     "fused_ops": "Triton RMSNorm/rotary/activation kernels (default: on with CUDA and triton)",
     "cuda_graph": "decode steps replayed from CUDA graphs (default: on with CUDA and triton)",
+    "cuda_graph_max_tokens": "with CUDA graphs on, prefill and mixed steps of up to this many tokens replay "
+    "from graphs too (default: the step's token budget; 0: decode steps only)",
     "schedule_policy": "waiting-queue order: fcfs, or lpm (longest cached prefix first)",
     "page_size": "tokens per KV page",
     "kv_cache_bytes": "KV cache budget in bytes (default: --mem-fraction of free GPU memory, "

@@ -6,7 +6,9 @@ Two shapes of step:
 * the greedy graph fast path (every sequence decodes plain-greedily and the batch fits a
   captured graph): only the graph's input, the rows and their generations; no sampling;
 * the general path: every field of :class:`StepFields` and a sampling batch; ``graph_in`` too
-  when every sequence decodes (a captured graph runs the forward, the sampler runs after it).
+  when every sequence decodes (a captured graph runs the forward, the sampler runs after it),
+  or ``xgraph_in`` when a prompt chunk is in the step and a prefill graph fits it (its padded
+  input holds the token and sequence fields, whose views are slices of it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import NamedTuple
 import torch
 
 from aserve.device.decode_graphs import DecodeGraphs
+from aserve.device.extend_graphs import ExtendGraphs
 from aserve.sampling.grammar import GrammarState, fill_masks
 from aserve.sampling.sampler import SamplingBatch, make_sampling_batch
 from aserve.sampling_params import SamplingParams
@@ -96,6 +99,7 @@ class DeviceInputs:
     rows: torch.Tensor  # [B] request rows (FutureMap / table rows)
     gens: torch.Tensor  # [B] their generations (ABA guard)
     graph_in: torch.Tensor | None  # [3, Bp] a captured decode graph's input
+    xgraph_in: torch.Tensor | None  # [3 * Tp + 4 * Bp] a captured prefill graph's input
     fields: StepFields | None  # None on the greedy graph fast path
     sbatch: SamplingBatch | None  # None on the greedy graph fast path
     prefix_cpu: list[int]
@@ -110,6 +114,7 @@ class DeviceInputs:
             rows=views["rows"],
             gens=views["gens"],
             graph_in=views.get("graph_in"),
+            xgraph_in=views.get("xgraph_in"),
             fields=StepFields(*(views[name] for name in StepFields._fields)) if has_fields else None,
             sbatch=sbatch,
             prefix_cpu=host.prefix_cpu,
@@ -118,7 +123,7 @@ class DeviceInputs:
         )
 
 
-def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
+def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs | None = None) -> StepInputs:
     """The host side of a launch: a plan's sequences as the device's inputs."""
     fast = _graph_fast_inputs(plan, graphs)
     if fast is not None:
@@ -212,20 +217,31 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs:
         acc += e
         logits_idx.append(acc - 1)
     packed: dict[str, list[int]] = {"rows": rows, "gens": gens}
+    fields = {"input_ids": input_ids, "positions": positions, "slots": slots, "prefix": prefix, "extend": extend,
+              "logits_idx": logits_idx}  # fmt: skip
+    inner: dict[str, tuple[int, int]] = {}  # fields that lie inside a prefill graph's input
     if graphs is not None and len(decode_rows) == len(rows):
         # Every sequence decodes (its input comes from the FutureMap): a captured graph's
         # step, if the batch fits the ladder. [3 * Bp], row-major [3, Bp].
         graph_in = graphs.host_inputs(rows, prefix, slots)
         if graph_in is not None:
             packed["graph_in"] = graph_in
+    elif xgraphs is not None and not plp_idx:
+        padded = xgraphs.host_inputs(input_ids, positions, slots, rows, prefix, extend, logits_idx)
+        if padded is not None:
+            packed["xgraph_in"], inner = padded
+            fields = {}
+    packed.update(fields)
     packed.update(
-        prefix=prefix, extend=extend, slots=slots, table_rows=table_rows, table_cols=table_cols,
-        table_slots=table_slots, input_ids=input_ids, positions=positions, logits_idx=logits_idx,
+        table_rows=table_rows, table_cols=table_cols, table_slots=table_slots,
         decode_token_idx=decode_token_idx, decode_rows=decode_rows, decode_gens=decode_gens, sample_idx=sample_idx,
         pending_b=[b for b, _, _ in pending], pending_c=[c for _, c, _ in pending],
         pending_decode=[d for _, _, d in pending], plp_idx=plp_idx, plp_target=plp_target,
     )  # fmt: skip
     flat, spans = pack_int64(packed)
+    if inner:
+        base = spans["xgraph_in"][0]
+        spans.update({name: (base + off, n) for name, (off, n) in inner.items()})
     return StepInputs(flat, spans, prefix, extend, sampling, plp_top, plp_spans)
 
 

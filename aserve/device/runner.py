@@ -21,6 +21,7 @@ import torch
 from aserve.attention.metadata import AttentionMetadata
 from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
+from aserve.device.extend_graphs import ExtendGraphs
 from aserve.device.future_map import FutureMap
 from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
@@ -43,9 +44,11 @@ class ModelRunner:
         attention_backend: str = "torch",
         decode_graphs: DecodeGraphs | None = None,
         pipeline_depth: int = 2,
+        extend_graphs: ExtendGraphs | None = None,
     ) -> None:
         self.attention_backend = attention_backend
         self.decode_graphs = decode_graphs
+        self.extend_graphs = extend_graphs
         self.model = model
         self.pool = pool
         self.device = device
@@ -78,9 +81,11 @@ class ModelRunner:
         return self._clock_host + self._clock_base.elapsed_time(event.cuda_event) / 1e3
 
     def release(self) -> None:
-        """The engine closed: drop the decode graphs and the staging buffers."""
+        """The engine closed: drop the CUDA graphs and the staging buffers."""
         if self.decode_graphs is not None:
             self.decode_graphs.release()
+        if self.extend_graphs is not None:
+            self.extend_graphs.release()
         self.staging.clear()
         self.out_staging.clear()
 
@@ -94,7 +99,7 @@ class ModelRunner:
         sampler waits for ``step.finish_launch()``, which the step loop calls once every earlier
         step is committed (the split launch, docs/architecture.md "Structured outputs")."""
         t0 = time.perf_counter()
-        host = build_inputs(plan, self.decode_graphs)
+        host = build_inputs(plan, self.decode_graphs, self.extend_graphs)
         if host.sampling is None:
             self.fast_graph_steps += 1
         defer = defer_masks and host.sampling is not None and bool(host.sampling.grammar)
@@ -155,6 +160,11 @@ class ModelRunner:
         gathered = None
         if f.decode_rows.numel() > 0:
             gathered = self.future_map.gather(f.decode_rows, f.decode_gens)
+        if dev.xgraph_in is not None:
+            assert self.extend_graphs is not None  # no inference_mode(): see _graph_decode
+            logits = self.extend_graphs.run(dev.xgraph_in, f.decode_token_idx, gathered)
+            return _Logits(logits[: f.logits_idx.shape[0]], gathered, None)
+        if gathered is not None:
             input_ids = input_ids.index_put((f.decode_token_idx,), gathered)
         logits_idx = f.logits_idx
         num_prompt_rows = f.plp_idx.shape[0]  # host-known shape: no sync

@@ -23,6 +23,7 @@ from anyio.streams.memory import MemoryObjectReceiveStream
 from aserve.config import EngineConfig
 from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, LoopWaker
+from aserve.device.extend_graphs import ExtendGraphs
 from aserve.device.future_map import FutureMap
 from aserve.device.runner import ModelRunner
 from aserve.device.step import Step
@@ -123,16 +124,23 @@ class Engine:
         self.scheduler = Scheduler(parts.pool, SchedulerConfig.from_engine(cfg))
         # One mailbox per request row, plus the spare row padded decode-graph rows use.
         self.future_map = FutureMap(parts.pool.rows.num_rows + 1, parts.device, cfg.debug)
-        graphs = None
+        graphs, xgraphs = None, None
         if cfg.use_cuda_graph:
-            graphs = DecodeGraphs(
-                parts.model, parts.pool, self.future_map, parts.device, parts.sizes.max_running_requests
+            sizes = parts.sizes
+            graphs = DecodeGraphs(parts.model, parts.pool, self.future_map, parts.device, sizes.max_running_requests)
+            max_tokens = (
+                sizes.max_num_batched_tokens if cfg.cuda_graph_max_tokens is None else cfg.cuda_graph_max_tokens
             )
+            if max_tokens > 0:
+                xgraphs = ExtendGraphs(parts.model, parts.pool, parts.device, max_tokens, sizes.max_running_requests,
+                                       parts.model_config.vocab_size)  # fmt: skip
         runner = ModelRunner(parts.model, parts.pool, parts.device, self.future_map, self._cpu_stream,
                              self._cuda_waiter, cfg.resolved_attention_backend, graphs,
-                             pipeline_depth=cfg.pipeline_depth)  # fmt: skip
-        if graphs is not None and parts.device.type == "cuda":
-            graphs.capture(runner.forward_stream)
+                             pipeline_depth=cfg.pipeline_depth, extend_graphs=xgraphs)  # fmt: skip
+        if parts.device.type == "cuda":
+            for g in (graphs, xgraphs):
+                if g is not None:
+                    g.capture(runner.forward_stream)
         self.committer = Committer(self.scheduler, parts.tokenizer, self._on_finish)
         trace = TraceWriter(cfg.trace_path, self._t0) if cfg.trace_path else None
         self._recorder = StepRecorder(trace, runner.device_clock)

@@ -111,9 +111,11 @@ class CausalLM(nn.Module):
         """The rotary (cos, sin) each decoder layer gets at ``positions`` [T]."""
         raise NotImplementedError
 
-    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
-        # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices
-        return self.logits(self.hidden(input_ids, meta, kv_cache)[meta.logits_indices])
+    def forward(
+        self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices (written into out if given)
+        return self.logits(self.hidden(input_ids, meta, kv_cache)[meta.logits_indices], out)
 
     def hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         """input_ids: [T] -> the final norm's output [T, hidden] (every position)."""
@@ -121,10 +123,12 @@ class CausalLM(nn.Module):
         rope = self.layer_rope(meta.positions, h.dtype)
         return run_decoder_layers(self.model.layers, self.model.norm, h, rope, meta, kv_cache)
 
-    def logits(self, h: torch.Tensor) -> torch.Tensor:
-        """h: [B, hidden] after the final norm -> logits [B, vocab] float32 (soft-capped)."""
-        logits = self.head(h).float()  # [B, vocab]
+    def logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """h: [B, hidden] after the final norm -> logits [B, vocab] float32 (soft-capped),
+        written into ``out`` when given (a CUDA graph's shared output buffer)."""
+        logits = self.head(h)  # [B, vocab]
+        logits = logits.float() if out is None else out.copy_(logits)
         cap = self.config.final_logit_softcapping
         if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
+            logits = torch.tanh(logits.div_(cap), out=logits).mul_(cap)
         return logits

@@ -26,7 +26,8 @@ def _prompts(vocab: int, n: int, seed: int) -> list[list[int]]:
     return [[1] + [rng.randrange(3, vocab) for _ in range(rng.choice([1, 4, 11, 30, 57]))] for _ in range(n)]
 
 
-def _check(kind_fixture: tuple[Path, Any], prompts: list[list[int]], **engine_kwargs: Any) -> Any:
+def _check(kind_fixture: tuple[Path, Any], prompts: list[list[int]], **engine_kwargs: Any) -> tuple[int, int]:
+    """Returns how many steps ran from the decode graphs' and the prefill graphs' buffers."""
     path, hf = kind_fixture
     refs = [hf_greedy(hf, p, MAX_NEW) for p in prompts]
     params = aserve.SamplingParams(max_tokens=MAX_NEW, temperature=0, ignore_eos=True, logprobs=0)
@@ -43,11 +44,11 @@ def _check(kind_fixture: tuple[Path, Any], prompts: list[list[int]], **engine_kw
                     tg.start_soon(one, i)
             ledger = engine.ledger()
             assert ledger.balanced and ledger.all_free, ledger
-            graphs = engine.runner.decode_graphs
-            runs.append(0 if graphs is None else graphs.runs)
+            graphs, xgraphs = engine.runner.decode_graphs, engine.runner.extend_graphs
+            runs.append((0 if graphs is None else graphs.runs, 0 if xgraphs is None else xgraphs.runs))
             return [r for r in out if r is not None]
 
-    runs: list[int] = []
+    runs: list[tuple[int, int]] = []
     results = anyio.run(run)
     for prompt, (ref_ids, ref_lps), res in zip(prompts, refs, results):
         assert res.token_ids == ref_ids, f"prompt {prompt}: {res.token_ids} != {ref_ids}"
@@ -95,11 +96,62 @@ def test_decode_graph_static_path(model: str, request: pytest.FixtureRequest) ->
     sizes between ladder rungs, padded rows, mixed with eager prefills; same tokens."""
     pytest.importorskip("triton")
     fx = request.getfixturevalue(model)
-    runs = _check(
+    runs, _ = _check(
         fx, _prompts(384, 5, seed=4), overlap=True, max_num_batched_tokens=16, attention_backend="triton",
-        cuda_graph=True, max_running_requests=6, max_context=128,
+        cuda_graph=True, max_running_requests=6, max_context=128, cuda_graph_max_tokens=0,
     )  # fmt: skip
     assert runs > 0, "no decode step went through the static path"
+
+
+@pytest.mark.parametrize("model", ["tiny_gemma", "tiny_llama"])
+def test_prefill_graph_static_path(model: str, request: pytest.FixtureRequest) -> None:
+    """The prefill/mixed-step graphs' padded buffers (run uncaptured on a CPU): chunks and
+    mixed batches padded to the token ladder (16, 32, 48 here), padding sequences, the decodes'
+    tokens gathered into the graph's input; greedy tokens and logprobs match transformers."""
+    pytest.importorskip("triton")
+    fx = request.getfixturevalue(model)
+    decode_runs, prefill_runs = _check(
+        fx, _prompts(384, 7, seed=5), overlap=True, max_num_batched_tokens=48, attention_backend="triton",
+        cuda_graph=True, max_running_requests=5, max_context=128,
+    )  # fmt: skip
+    assert prefill_runs > 0 and decode_runs > 0
+
+
+def test_prompt_logprobs_steps_stay_eager_beside_prefill_graphs(tiny_gemma: tuple[Path, Any]) -> None:
+    """A step with prompt-logprob rows needs logits at every prompt position: it runs eagerly
+    while the other steps replay; its results equal those of an engine without graphs."""
+    pytest.importorskip("triton")
+    path, _ = tiny_gemma
+    rng = random.Random(7)
+    prompts = [[1] + [rng.randrange(3, 384) for _ in range(n)] for n in (40, 30, 20, 25)]  # 32-token steps
+    plp = aserve.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, prompt_logprobs=2)
+    plain = aserve.SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+    async def run(cuda_graph: bool) -> tuple[list[Any], int]:
+        async with aserve.Engine(model=str(path), debug=True, warmup=False, attention_backend="triton",
+                                 cuda_graph=cuda_graph, max_running_requests=4, max_context=128,
+                                 max_num_batched_tokens=32) as engine:  # fmt: skip
+            results: list[Any] = [None] * len(prompts)
+
+            async def one(i: int) -> None:
+                r = await engine.complete(prompts[i], plp if i == 3 else plain)  # queued last
+                results[i] = (r.token_ids, r.outputs[0].prompt_logprobs)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            assert engine.ledger().all_free
+            xgraphs = engine.runner.extend_graphs
+            return results, 0 if xgraphs is None else xgraphs.runs
+
+    graph, runs = anyio.run(run, True)
+    eager, _ = anyio.run(run, False)
+    assert runs > 0
+    assert [ids for ids, _ in graph] == [ids for ids, _ in eager]
+    for (_, a), (_, b) in zip(graph, eager, strict=True):
+        assert (a is None) == (b is None)
+        if a is not None and b is not None:
+            assert [x.logprob for x in a[1:]] == pytest.approx([x.logprob for x in b[1:]], abs=1e-4)
 
 
 def test_decode_graph_in_graph_greedy_and_eager_sampler(tiny_llama: tuple[Path, Any]) -> None:
@@ -123,8 +175,9 @@ def test_decode_graph_in_graph_greedy_and_eager_sampler(tiny_llama: tuple[Path, 
 
             out = await complete_all(engine, prompts, params)
             assert engine.ledger().all_free
-            graphs = engine.runner.decode_graphs
-            runs = 0 if graphs is None else graphs.runs
+            graphs, xgraphs = engine.runner.decode_graphs, engine.runner.extend_graphs
+            # Both kinds of graph served steps: prefills (the sampler after the prefill graph) and decodes.
+            runs = 0 if graphs is None or xgraphs is None else min(graphs.runs, xgraphs.runs)
             return out, runs, engine.runner.fast_graph_steps
 
     greedy, runs, fast = anyio.run(run, True, False)

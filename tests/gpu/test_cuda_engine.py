@@ -52,6 +52,7 @@ def test_float32_greedy_matches_transformers_on_cuda(
             out = await complete_all(engine, prompts, params)
             if engine.config.use_cuda_graph:
                 assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
+                assert engine.runner.extend_graphs is not None and engine.runner.extend_graphs.runs > 0
             return out
 
     with _NoTF32():

@@ -65,6 +65,17 @@ def test_an_exception_in_the_cuda_forward_fails_every_request_and_a_new_engine_s
                 return real(input_ids, *args)
 
             monkeypatch.setattr(model, "forward", faulty)
+            xgraphs = engine.runner.extend_graphs
+            if xgraphs is not None:  # prefills replay from graphs: the fault meets their inputs
+                real_run = xgraphs.run
+
+                def faulty_run(graph_inputs: torch.Tensor, *args: Any) -> Any:
+                    assert xgraphs is not None
+                    if _triggered(graph_inputs[: xgraphs._static[graph_inputs.shape[0]].tokens]):
+                        raise RuntimeError("injected fault in the CUDA forward")
+                    return real_run(graph_inputs, *args)
+
+                monkeypatch.setattr(xgraphs, "run", faulty_run)
             with anyio.fail_after(BOUND_S):
                 results: list[Any] = []
 
