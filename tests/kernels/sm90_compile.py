@@ -57,7 +57,7 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                 out.append((f"merge d={d} s={splits} {dtype}", tp._decode_merge_kernel,
                             {"MidO": "*fp32", "MidLse": "*fp32", "Out": act}, {"NUM_SPLITS": splits, "D": d}))  # fmt: skip
             ptrs = {n: act for n in ("Q", "K", "V", "Out")} | {
-                n: "*i64" for n in ("Table", "Rows", "Prefix", "Extend", "QStart")
+                n: "*i64" for n in ("Table", "Rows", "Prefix", "Extend", "QStart", "BlockSeq", "BlockIdx")
             }
             cx = {"GROUP": group, "D": d, "BLOCK_M": 16 if d > 128 else 32, "BLOCK_N": 32, "HAS_WINDOW": window,
                   "PRECISION": prec}  # fmt: skip
