@@ -4,7 +4,8 @@ and read on the device as typed views.
 Two shapes of step:
 
 * the greedy graph fast path (every sequence decodes plain-greedily and the batch fits a
-  captured graph): only the graph's input, the rows and their generations; no sampling;
+  captured graph): only the graph's input, the rows and their generations; no sampling
+  (a prefill graph's step whose every row is plain greedy skips the sampling inputs too);
 * the general path: every field of :class:`StepFields` and a sampling batch; ``graph_in`` too
   when every sequence decodes (a captured graph runs the forward, the sampler runs after it),
   or ``xgraph_in`` when a prompt chunk is in the step and a prefill graph fits it (its padded
@@ -85,7 +86,7 @@ class StepInputs:
     spans: dict[str, tuple[int, int]]
     prefix_cpu: list[int]
     extend_cpu: list[int]
-    sampling: SamplingInputs | None  # None: the greedy graph fast path
+    sampling: SamplingInputs | None  # None: a greedy graph step (decode, or prefill graph), argmax only
     # Prompt logprobs: alternatives per row, and (entry, first prompt position, rows) per
     # sequence in launch order; the committer reads the rows back in this order.
     plp_top: int = 0
@@ -142,9 +143,6 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
     decode_gens: list[int] = []
     sample_idx: list[int] = []
     positions: list[int] = []
-    # (batch row, column in output_tokens, index among decodes): filled on the device
-    pending: list[tuple[int, int, int]] = []
-    sampling = SamplingInputs([], [], [], [], [], [], [])
     plp_idx: list[int] = []
     plp_target: list[int] = []
     plp_spans: list[tuple[int, int, int]] = []
@@ -190,27 +188,8 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
                     plp_target.extend(prompt[first + 1 : last + 1])
                     plp_top = max(plp_top, s.req.params.prompt_logprobs or 0)
             input_ids.extend(s.input_ids)
-        req = s.req
         if s.samples:
             sample_idx.append(i)
-            if req.grammar is not None:
-                sampling.grammar.append((i, req.grammar))
-        sampling.params.append(req.params)
-        sampling.seeds.append(req.seed)
-        sampling.steps.append(s.output_index)
-        sampling.prompts.append(req.prompt_ids)
-        # Under min_tokens, this step's token may not be a stop id (EOS included).
-        sampling.banned.append(req.stop_ids if s.output_index < req.params.min_tokens else _NO_BAN)
-        if req.params.has_penalty:
-            # Only penalties read the output so far: copying it for every request on
-            # every step would cost O(tokens generated) per step.
-            out = list(req.output_ids)
-            if s.pending_output:
-                pending.append((i, len(out), len(decode_rows) - 1))
-                out.append(0)  # placeholder, replaced by the FutureMap value on the device
-            sampling.outputs.append(out)
-        else:
-            sampling.outputs.append(_NO_OUTPUTS)
     logits_idx: list[int] = []
     acc = 0
     for e in extend:
@@ -231,6 +210,10 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
         if padded is not None:
             packed["xgraph_in"], inner = padded
             fields = {}
+    sampling: SamplingInputs | None = None
+    pending: list[tuple[int, int, int]] = []
+    if not (inner and _all_plain_greedy(plan)):  # a greedy prefill graph step needs no sampler
+        sampling, pending = _sampling_inputs(plan)
     packed.update(fields)
     packed.update(
         table_rows=table_rows, table_cols=table_cols, table_slots=table_slots,
@@ -243,6 +226,42 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
         base = spans["xgraph_in"][0]
         spans.update({name: (base + off, n) for name, (off, n) in inner.items()})
     return StepInputs(flat, spans, prefix, extend, sampling, plp_top, plp_spans)
+
+
+def _all_plain_greedy(plan: Plan) -> bool:
+    """Every sequence's token is the plain argmax (no penalty, bias, logprobs, grammar, or
+    stop ids banned under min_tokens)."""
+    return all(s.req.params.is_plain_greedy and s.output_index >= s.req.params.min_tokens for s in plan.seqs)
+
+
+def _sampling_inputs(plan: Plan) -> tuple[SamplingInputs, list[tuple[int, int, int]]]:
+    """The sampler's per-sequence knobs, and the penalised decodes whose last output is still
+    on the device: (batch row, column in output_tokens, index among decodes), filled there."""
+    sampling = SamplingInputs([], [], [], [], [], [], [])
+    pending: list[tuple[int, int, int]] = []
+    decode = -1
+    for i, s in enumerate(plan.seqs):
+        req = s.req
+        decode += s.input_ids is None
+        if s.samples and req.grammar is not None:
+            sampling.grammar.append((i, req.grammar))
+        sampling.params.append(req.params)
+        sampling.seeds.append(req.seed)
+        sampling.steps.append(s.output_index)
+        sampling.prompts.append(req.prompt_ids)
+        # Under min_tokens, this step's token may not be a stop id (EOS included).
+        sampling.banned.append(req.stop_ids if s.output_index < req.params.min_tokens else _NO_BAN)
+        if req.params.has_penalty:
+            # Only penalties read the output so far: copying it for every request on
+            # every step would cost O(tokens generated) per step.
+            out = list(req.output_ids)
+            if s.pending_output:
+                pending.append((i, len(out), decode))
+                out.append(0)  # placeholder, replaced by the FutureMap value on the device
+            sampling.outputs.append(out)
+        else:
+            sampling.outputs.append(_NO_OUTPUTS)
+    return sampling, pending
 
 
 def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | None:

@@ -162,8 +162,14 @@ class ModelRunner:
             gathered = self.future_map.gather(f.decode_rows, f.decode_gens)
         if dev.xgraph_in is not None:
             assert self.extend_graphs is not None  # no inference_mode(): see _graph_decode
-            logits = self.extend_graphs.run(dev.xgraph_in, f.decode_token_idx, gathered)
-            return _Logits(logits[: f.logits_idx.shape[0]], gathered, None)
+            logits = self.extend_graphs.run(dev.xgraph_in, f.decode_token_idx, gathered)[: f.logits_idx.shape[0]]
+            if dev.sbatch is not None:
+                return _Logits(logits, gathered, None)
+            # Every row plain greedy (no sampler inputs were built): the argmax is the output.
+            tokens = logits.argmax(dim=-1)
+            idx = f.sample_idx
+            self.future_map.publish(dev.rows[idx], tokens[idx], dev.gens[idx])
+            return SampleOutput(tokens, None, None, None)
         if gathered is not None:
             input_ids = input_ids.index_put((f.decode_token_idx,), gathered)
         logits_idx = f.logits_idx
