@@ -21,8 +21,9 @@ which is how the padding, bucketing and in-graph gather/publish are tested in CI
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -30,6 +31,9 @@ from aserve.attention.metadata import AttentionMetadata
 from aserve.device.future_map import FutureMap
 from aserve.kv.pool import KVPool
 from aserve.progress import phase
+
+S = TypeVar("S")
+R = TypeVar("R")
 
 
 @dataclass
@@ -45,6 +49,28 @@ class _Static:
     inputs: torch.Tensor  # [3, Bp] int64: table rows, positions (-1 = padding), KV slots
     out: GraphOutputs | None = None
     graph: Any = None  # torch.cuda.CUDAGraph on CUDA
+
+
+def capture_graphs(
+    device: torch.device, stream: Any, title: str, statics: Sequence[S], body: Callable[[S], R]
+) -> list[tuple[Any, R]]:
+    """One CUDA graph per set of static buffers, in the order given (largest first, so the
+    others fit in the memory the first one's pool holds), all sharing one memory pool. Each
+    body runs once before its capture (Triton compiles, cuBLAS picks its kernels). Returns
+    each graph and what its captured body returned (outputs that live in the pool)."""
+    pool, out = None, []
+    with phase(title, unit="graph") as update:
+        for i, s in enumerate(statics):
+            with torch.cuda.stream(stream):
+                body(s)
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=stream, pool=pool):
+                result = body(s)
+            pool = graph.pool()
+            out.append((graph, result))
+            update(i + 1, len(statics))
+    return out
 
 
 def ladder(max_batch: int) -> list[int]:
@@ -120,19 +146,10 @@ class DecodeGraphs:
         if self.device.type != "cuda":
             return
         # Warm-up and capture write into the spare rows only (all inputs are padding).
-        pool = None
-        with phase("capturing decode CUDA graphs", unit="graph") as update:
-            for i, b in enumerate(reversed(self.sizes)):
-                s = self._static[b]
-                with torch.cuda.stream(stream):
-                    self._body(s)  # warm-up: Triton compiles, cuBLAS picks its kernels
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=stream, pool=pool):
-                    s.out = self._body(s)
-                pool = graph.pool()
-                s.graph = graph
-                update(i + 1, len(self.sizes))
+        statics = [self._static[b] for b in reversed(self.sizes)]
+        for s, (graph, out) in zip(statics, capture_graphs(self.device, stream, "capturing decode CUDA graphs",
+                                                           statics, self._body)):  # fmt: skip
+            s.graph, s.out = graph, out
 
     def release(self) -> None:
         """The engine closed: drop the graphs (and with them their memory pool) and buffers."""

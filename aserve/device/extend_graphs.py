@@ -40,8 +40,8 @@ from typing import Any
 import torch
 
 from aserve.attention.metadata import AttentionMetadata
+from aserve.device.decode_graphs import capture_graphs
 from aserve.kv.pool import KVPool
-from aserve.progress import phase
 
 
 def token_ladder(max_tokens: int) -> list[int]:
@@ -139,18 +139,10 @@ class ExtendGraphs:
         """CUDA: capture one graph per rung (largest first, sharing one memory pool)."""
         if self.device.type != "cuda":
             return
-        pool = None
-        with phase("capturing prefill CUDA graphs", unit="graph") as update:
-            for i, s in enumerate(sorted(self._static.values(), key=lambda s: -s.tokens)):
-                with torch.cuda.stream(stream):
-                    self._body(s)  # warm-up: Triton compiles, cuBLAS picks its kernels
-                torch.cuda.synchronize(self.device)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, stream=stream, pool=pool):
-                    self._body(s)
-                pool = graph.pool()
-                s.graph = graph
-                update(i + 1, len(self._static))
+        statics = sorted(self._static.values(), key=lambda s: -s.tokens)
+        for s, (graph, _) in zip(statics, capture_graphs(self.device, stream, "capturing prefill CUDA graphs",
+                                                         statics, self._body)):  # fmt: skip
+            s.graph = graph
 
     def release(self) -> None:
         """The engine closed: drop the graphs (and with them their memory pool) and buffers."""
