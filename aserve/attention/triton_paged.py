@@ -268,6 +268,7 @@ def _extend(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta:
         # Rows [0, num_seqs) of q: the leading decodes get their outputs; the other rows, zeros
         # that the extend kernel below overwrites where they are prompt tokens.
         assert meta.seq_len_bound is not None, "a fixed-shape step bounds its sequences' lengths"
+        assert meta.req_pool_indices.shape[0] <= q.shape[0], "the decode kernel's rows are q's first rows"
         _decode(q, k_cache, v_cache, table, meta.req_pool_indices, decode_lens, meta.seq_len_bound, scale, window, out)
     _extend_kernel[(block_seq.shape[0], h)](
         q, k_cache, v_cache, out, table, meta.req_pool_indices, meta.prefix_lens, meta.extend_lens, q_start,

@@ -46,13 +46,13 @@ from aserve.kv.pool import KVPool
 
 def token_ladder(max_tokens: int) -> list[int]:
     """Padded token counts, one graph each: powers of two to 128, then each power of two and
-    its 1.5x (192, 256, 384, 512, 768, ...), and ``max_tokens`` itself: beyond 128 tokens a
-    step pads by less than half of itself."""
+    its 1.5x (192, 256, 384, 512, 768, ...), and ``max_tokens`` itself (rounded up to even):
+    beyond 128 tokens a step pads by less than half of itself."""
     sizes, t = [], 16
     while t < max_tokens:
         sizes.append(t)
         t = t * 2 if t < 128 else (t * 3 // 2 if t & (t - 1) == 0 else t * 4 // 3)
-    sizes.append(max_tokens)
+    sizes.append(max_tokens + max_tokens % 2)  # even, so no rung's sequence bound exceeds its tokens
     return sizes
 
 
@@ -76,7 +76,7 @@ class ExtendGraphs:
         self._static: dict[int, _Static] = {}
         for t in self.sizes:
             b = min(t, max_seqs)
-            b += b % 2  # even: the int64 fields after it stay 16-byte aligned
+            b += b % 2  # even (t is): the int64 fields after it stay 16-byte aligned; b <= t
             s = _Static(t, b, self._padding(t, b))
             self._static[s.inputs.shape[0]] = s
         self.logits = torch.empty(max(s.seqs for s in self._static.values()), vocab_size, device=device)

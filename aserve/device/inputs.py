@@ -229,9 +229,11 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
 
 
 def _all_plain_greedy(plan: Plan) -> bool:
-    """Every sequence's token is the plain argmax (no penalty, bias, logprobs, grammar, or
-    stop ids banned under min_tokens)."""
-    return all(s.req.params.is_plain_greedy and s.output_index >= s.req.params.min_tokens for s in plan.seqs)
+    """Every token the step samples is the plain argmax (no penalty, bias, logprobs, grammar,
+    or stop ids banned under min_tokens); a prompt's non-final chunk samples nothing."""
+    return all(
+        not s.samples or (s.req.params.is_plain_greedy and s.output_index >= s.req.params.min_tokens) for s in plan.seqs
+    )
 
 
 def _sampling_inputs(plan: Plan) -> tuple[SamplingInputs, list[tuple[int, int, int]]]:

@@ -125,12 +125,14 @@ class Engine:
         # One mailbox per request row, plus the spare row padded decode-graph rows use.
         self.future_map = FutureMap(parts.pool.rows.num_rows + 1, parts.device, cfg.debug)
         graphs, xgraphs = None, None
-        if cfg.use_cuda_graph:
+        # Soft-capped attention runs on the reference path, whose padding reads host lengths
+        # that a captured graph does not have.
+        if cfg.use_cuda_graph and parts.model_config.attn_logit_softcapping is None:
             sizes = parts.sizes
             graphs = DecodeGraphs(parts.model, parts.pool, self.future_map, parts.device, sizes.max_running_requests)
-            max_tokens = (
-                sizes.max_num_batched_tokens if cfg.cuda_graph_max_tokens is None else cfg.cuda_graph_max_tokens
-            )
+            max_tokens = sizes.max_num_batched_tokens
+            if cfg.cuda_graph_max_tokens is not None:  # a rung above a step's budget is never used
+                max_tokens = min(max_tokens, cfg.cuda_graph_max_tokens)
             if max_tokens > 0:
                 xgraphs = ExtendGraphs(parts.model, parts.pool, parts.device, max_tokens, sizes.max_running_requests,
                                        parts.model_config.vocab_size)  # fmt: skip
@@ -314,7 +316,9 @@ class Engine:
             "overlap": cfg.overlap,
             "attention_backend": cfg.resolved_attention_backend,
             "fused_ops": cfg.use_fused_ops,
-            "cuda_graph": cfg.use_cuda_graph,
+            "cuda_graph": self.runner.decode_graphs is not None,
+            # The largest prefill/mixed step a graph serves (0: those steps run eagerly).
+            "cuda_graph_max_tokens": 0 if self.runner.extend_graphs is None else self.runner.extend_graphs.sizes[-1],
             "load_s": round(parts.load_s, 2),
             "tokenizer": parts.tokenizer.source,
             "chat_template": parts.tokenizer.chat_template_source or "none (built-in format for the model family)",
@@ -325,7 +329,7 @@ class Engine:
         return {
             **{k: info[k] for k in ("model", "device", "dtype", "weights", "kv_tokens", "max_context", "max_running_requests",
                                     "max_num_batched_tokens", "batch_sizes", "overlap", "fused_ops", "cuda_graph",
-                                    "load_s")},
+                                    "cuda_graph_max_tokens", "load_s")},
             "kv_gib": round(pool.total_tokens * pool.bytes_per_token() / 2**30, 2),
             "full_context_requests": info["full_context_requests_that_fit"],
             "pipeline_depth": cfg.pipeline_depth,
