@@ -271,13 +271,10 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
     logprobs) and the batch fits a captured graph. Only the graph's input, rows and
     generations are built and uploaded, and no sampling tensors at all: the graph's
     argmax is the step's output. None when the step needs the general path."""
-    if graphs is None:
+    if graphs is None or any(s.input_ids is not None or s.prefix_slots for s in plan.seqs):
+        return None  # not every sequence decodes
+    if not _all_plain_greedy(plan):
         return None
-    for s in plan.seqs:
-        if s.input_ids is not None or s.prefix_slots or not s.req.params.is_plain_greedy:
-            return None
-        if s.output_index < s.req.params.min_tokens:
-            return None  # stop ids are banned this step: the sampler must run
     rows = [s.row for s in plan.seqs]
     positions = [s.prefix_len for s in plan.seqs]
     graph_in = graphs.host_inputs(rows, positions, [s.slots[0] for s in plan.seqs])

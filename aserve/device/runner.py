@@ -167,8 +167,7 @@ class ModelRunner:
                 return _Logits(logits, gathered, None)
             # Every row plain greedy (no sampler inputs were built): the argmax is the output.
             tokens = logits.argmax(dim=-1)
-            idx = f.sample_idx
-            self.future_map.publish(dev.rows[idx], tokens[idx], dev.gens[idx])
+            self._publish(dev, tokens)
             return SampleOutput(tokens, None, None, None)
         if gathered is not None:
             input_ids = input_ids.index_put((f.decode_token_idx,), gathered)
@@ -225,9 +224,14 @@ class ModelRunner:
             if sbatch.output_tokens is not None and gathered is not None and f.pending_b.numel() > 0:
                 sbatch.output_tokens[f.pending_b, f.pending_c] = gathered[f.pending_decode]
             out = sample(logits, sbatch)
-        idx = f.sample_idx  # host-built indices: no data-dependent shapes, no sync
-        self.future_map.publish(dev.rows[idx], out.token_ids[idx], dev.gens[idx])
+        self._publish(dev, out.token_ids)
         return out
+
+    def _publish(self, dev: DeviceInputs, tokens: torch.Tensor) -> None:
+        """The sampled sequences' tokens ([B]) into the FutureMap, for the next step to gather."""
+        assert dev.fields is not None
+        idx = dev.fields.sample_idx  # host-built indices: no data-dependent shapes, no sync
+        self.future_map.publish(dev.rows[idx], tokens[idx], dev.gens[idx])
 
     def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
         stream = self.cpu_stream

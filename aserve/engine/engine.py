@@ -21,16 +21,14 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from aserve.config import EngineConfig
-from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, LoopWaker
-from aserve.device.extend_graphs import ExtendGraphs
 from aserve.device.future_map import FutureMap
 from aserve.device.runner import ModelRunner
 from aserve.device.step import Step
 from aserve.engine.admission import Admission, AdmissionLimits, Prompt
 from aserve.engine.commit import Committer
 from aserve.engine.recorder import StepRecorder
-from aserve.engine.setup import LoadedEngine, available_cpus, load_engine_parts, load_on_stream
+from aserve.engine.setup import LoadedEngine, available_cpus, build_graphs, load_engine_parts, load_on_stream
 from aserve.engine.step_loop import StepLoop
 from aserve.engine.stream import RequestStream, collect_result, stream_deltas
 from aserve.errors import EngineClosedError, EngineFailedError, InvalidRequestError
@@ -124,18 +122,7 @@ class Engine:
         self.scheduler = Scheduler(parts.pool, SchedulerConfig.from_engine(cfg))
         # One mailbox per request row, plus the spare row padded decode-graph rows use.
         self.future_map = FutureMap(parts.pool.rows.num_rows + 1, parts.device, cfg.debug)
-        graphs, xgraphs = None, None
-        # Soft-capped attention runs on the reference path, whose padding reads host lengths
-        # that a captured graph does not have.
-        if cfg.use_cuda_graph and parts.model_config.attn_logit_softcapping is None:
-            sizes = parts.sizes
-            graphs = DecodeGraphs(parts.model, parts.pool, self.future_map, parts.device, sizes.max_running_requests)
-            max_tokens = sizes.max_num_batched_tokens
-            if cfg.cuda_graph_max_tokens is not None:  # a rung above a step's budget is never used
-                max_tokens = min(max_tokens, cfg.cuda_graph_max_tokens)
-            if max_tokens > 0:
-                xgraphs = ExtendGraphs(parts.model, parts.pool, parts.device, max_tokens, sizes.max_running_requests,
-                                       parts.model_config.vocab_size)  # fmt: skip
+        graphs, xgraphs = build_graphs(cfg, parts, self.future_map)
         runner = ModelRunner(parts.model, parts.pool, parts.device, self.future_map, self._cpu_stream,
                              self._cuda_waiter, cfg.resolved_attention_backend, graphs,
                              pipeline_depth=cfg.pipeline_depth, extend_graphs=xgraphs)  # fmt: skip

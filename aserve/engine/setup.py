@@ -11,7 +11,10 @@ from typing import Any
 import torch
 
 from aserve.config import EngineConfig
+from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream
+from aserve.device.extend_graphs import ExtendGraphs
+from aserve.device.future_map import FutureMap
 from aserve.errors import InvalidRequestError, ModelLoadError
 from aserve.kv.pool import KVPool, bytes_per_token
 from aserve.logs import get_logger
@@ -195,3 +198,25 @@ async def load_on_stream(stream: CpuStream, cfg: EngineConfig) -> LoadedEngine:
         stream.close()
         raise box["error"]
     return box["parts"]  # type: ignore[no-any-return]
+
+
+def build_graphs(
+    cfg: EngineConfig, parts: LoadedEngine, future_map: FutureMap
+) -> tuple[DecodeGraphs | None, ExtendGraphs | None]:
+    """The CUDA graphs' static buffers (captured later, on the runner's forward stream): decode
+    graphs up to ``max_running_requests``, prefill graphs up to ``cuda_graph_max_tokens``
+    (at most the step's token budget; 0: none). None where ``cuda_graph`` is off, and for
+    soft-capped attention, which runs on the reference path whose padding reads host lengths
+    that a captured graph does not have."""
+    if not cfg.use_cuda_graph or parts.model_config.attn_logit_softcapping is not None:
+        return None, None
+    sizes = parts.sizes
+    graphs = DecodeGraphs(parts.model, parts.pool, future_map, parts.device, sizes.max_running_requests)
+    max_tokens = sizes.max_num_batched_tokens
+    if cfg.cuda_graph_max_tokens is not None:  # a rung above a step's budget is never used
+        max_tokens = min(max_tokens, cfg.cuda_graph_max_tokens)
+    if max_tokens == 0:
+        return graphs, None
+    xgraphs = ExtendGraphs(parts.model, parts.pool, parts.device, max_tokens, sizes.max_running_requests,
+                           parts.model_config.vocab_size)  # fmt: skip
+    return graphs, xgraphs
