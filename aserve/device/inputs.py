@@ -14,7 +14,7 @@ Two shapes of step:
 
 from __future__ import annotations
 
-from array import array
+import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -293,18 +293,21 @@ def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tu
     without this a field's alignment would follow the parity of the batch size, and the
     first prefill of the other parity compiled new attention kernels in the middle of
     serving (H200: a 1.3 s launch; warm-up had covered only one parity)."""
-    flat = array("q")
+    flat: list[int] = []
     spans: dict[str, tuple[int, int]] = {}
     for name, values in fields.items():
         spans[name] = (len(flat), len(values))
-        flat.extend(values)
+        flat += values
         if len(values) % 2:
             flat.append(0)
     if not flat:
         return torch.empty(0, dtype=torch.int64), spans
-    # array('q') converts the ints in C; the tensor shares (and keeps alive) its buffer.
-    # A third of torch.tensor(list)'s cost for the ~1,300 ints of a batch-256 step.
-    return torch.frombuffer(flat, dtype=torch.int64), spans
+    # One struct.pack_into over the concatenated lists converts the ints in C at ~12 ns each,
+    # against ~54 for array('q').extend of each list and ~90 for torch.tensor(list): a mixed
+    # step of W1 packs ~10k ints. The tensor shares (and keeps alive) the buffer.
+    buf = bytearray(8 * len(flat))
+    struct.pack_into(f"{len(flat)}q", buf, 0, *flat)
+    return torch.frombuffer(buf, dtype=torch.int64), spans
 
 
 def unpack_int64(flat: torch.Tensor, spans: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:

@@ -125,7 +125,7 @@ class RadixCache:
         if matched < len(chunks):
             rest = chunks[matched:]
             new = Node(
-                key=tuple(t for c in rest for t in c),
+                key=tuple(tokens[matched * self.page_size : len(chunks) * self.page_size]),
                 pages=list(pages[matched : len(chunks)]),
                 parent=node,
                 last_access=next(self._clock),

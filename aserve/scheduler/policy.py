@@ -88,10 +88,12 @@ class Plan:
 
     __slots__ = ("num_decodes", "num_tokens", "seqs")
 
-    def __init__(self, seqs: list[SeqPlan]) -> None:
+    def __init__(self, seqs: list[SeqPlan], num_decodes: int | None = None, num_tokens: int | None = None) -> None:
+        """``num_decodes`` / ``num_tokens``: counted here unless the planner, which knows
+        them (the decodes lead, one token each), passes them."""
         self.seqs = seqs
-        self.num_tokens = sum(s.extend_len for s in seqs)
-        self.num_decodes = sum(1 for s in seqs if s.input_ids is None)
+        self.num_decodes = sum(1 for s in seqs if s.input_ids is None) if num_decodes is None else num_decodes
+        self.num_tokens = sum(s.extend_len for s in seqs) if num_tokens is None else num_tokens
 
 
 class Blocked(Enum):
@@ -202,6 +204,7 @@ class Scheduler:
         seqs = [seq for r in decodes if (seq := self._plan_decode(r)) is not None]
         num_decodes = len(seqs)
         budget -= num_decodes
+        chunk_tokens = 0
 
         # Chunked prefills already under way, oldest first, then new admissions (FCFS). When
         # every running request decodes this step, there is none (no loop over the batch).
@@ -217,6 +220,7 @@ class Scheduler:
                 break
             seqs.append(chunk)
             budget -= chunk.extend_len
+            chunk_tokens += chunk.extend_len
         order_before = self._order_waiting()
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
             req = self.waiting[0]
@@ -233,13 +237,14 @@ class Scheduler:
             self.waiting.popleft()
             seqs.append(chunk)
             budget -= chunk.extend_len
+            chunk_tokens += chunk.extend_len
         if order_before is not None:
             self._count_skips(order_before)
         if not seqs:
             if not pipeline_busy and self._unstick():
                 return self.schedule(pipeline_busy)
             return Blocked.IDLE
-        return Plan(seqs)
+        return Plan(seqs, num_decodes, num_decodes + chunk_tokens)
 
     def _unstick(self) -> bool:
         """Nothing could be planned and nothing is in flight: make progress possible.
