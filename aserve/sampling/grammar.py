@@ -23,12 +23,15 @@ with the default model and a JSON schema; both are vLLM's backends, and llama.cp
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
+import os
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -193,8 +196,9 @@ class _GreedyTokenizer:
 
 
 class GrammarState:
-    """One constrained request's matcher. Touched on the event loop only: the launch path
-    reads its mask, the committer advances it (so it always reflects committed tokens)."""
+    """One constrained request's matcher. Owned by the event loop: the committer advances it
+    (so it always reflects committed tokens), and the launch path reads its mask, on the
+    loop's thread or on a :class:`MaskFiller` thread while the loop waits for that fill."""
 
     __slots__ = ("matcher", "vocab_size")
 
@@ -220,22 +224,92 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     """[R, words] int32 host bitmasks of the tokens each state allows next (into ``out``, a
     contiguous host tensor of that shape, when given).
 
-    One by one on the calling thread: llguidance's executor (its own threads, no GIL) measured
-    0.21x the free run against 0.47x at batch 64 on the H200 (docs/benchmarks.md, "Issue 16"),
-    its idle threads slowing the unconstrained runs in the same process too. A matcher that is
-    stopped or failed (its request has ended; a split launch may still sample
-    one more token for it, which is never committed) allows every token."""
+    llguidance computes a mask without the GIL (~12-14 us a row for the default model's
+    262k vocabulary), so many rows are split over :data:`MASK_FILLER`'s threads, the calling
+    thread taking the first share. A matcher that is stopped or failed (its request has ended;
+    a split launch may still sample one more token for it, which is never committed) allows
+    every token."""
     words = mask_words(states[0].vocab_size)
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
     assert masks.shape == (len(states), words) and masks.is_contiguous()
-    row_bytes = words * 4
-    for i, st in enumerate(states):
-        m = st.matcher
-        if m.is_stopped() or m.is_error():
-            masks[i] = -1
-        else:
-            m.unsafe_compute_mask_ptr(masks[i].data_ptr(), row_bytes)
+    MASK_FILLER.fill(states, masks.data_ptr(), words * 4)
     return masks
+
+
+def _fill_rows(states: Sequence[GrammarState], first: int, stop: int, base: int, row_bytes: int) -> None:
+    for i in range(first, stop):
+        m = states[i].matcher
+        if m.is_stopped() or m.is_error():
+            ctypes.memset(base + i * row_bytes, 0xFF, row_bytes)
+        else:
+            m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
+
+
+class MaskFiller:
+    """Fills a step's masks: ``threads`` at most (the caller's included), at least
+    ``min_rows_per_thread`` rows each, so a few rows stay on the caller (a thread's wake-up,
+    tens of microseconds, costs more than a row).
+
+    ``ASERVE_MASK_FILL`` picks the strategy for measurement: ``threads:N`` (the default,
+    N = min(4, CPUs - 1)), ``serial``, or ``executor:N`` (llguidance's own thread pool)."""
+
+    def __init__(self, spec: str | None = None, min_rows_per_thread: int = 16) -> None:
+        spec = spec if spec is not None else os.environ.get("ASERVE_MASK_FILL", "")
+        kind, _, n = spec.partition(":")
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        self.kind = kind or "threads"
+        if self.kind not in ("threads", "serial", "executor"):
+            raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (threads:N, serial or executor:N)")
+        self.threads = 1 if self.kind == "serial" else max(1, int(n) if n else min(4, cpus - 1))
+        self.min_rows = min_rows_per_thread
+        self._pool: ThreadPoolExecutor | None = None
+        self._executor: Any = None
+        self._lock = threading.Lock()
+
+    def describe(self) -> str:
+        return "serial" if self.threads == 1 else f"{self.kind}:{self.threads}"
+
+    def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
+        rows = len(states)
+        parts = min(self.threads, rows // self.min_rows) if self.threads > 1 else 1
+        if parts <= 1:
+            _fill_rows(states, 0, rows, base, row_bytes)
+        elif self.kind == "executor":
+            self._fill_executor(states, base, row_bytes)
+        else:
+            pool = self._threads()
+            bounds = [rows * k // parts for k in range(parts + 1)]
+            futures = [
+                pool.submit(_fill_rows, states, bounds[k], bounds[k + 1], base, row_bytes) for k in range(1, parts)
+            ]
+            _fill_rows(states, 0, bounds[1], base, row_bytes)
+            for f in futures:
+                f.result()
+
+    def _threads(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="aserve-mask")
+            return self._pool
+
+    def _fill_executor(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
+        with self._lock:
+            if self._executor is None:
+                import llguidance
+
+                self._executor = llguidance.LLExecutor(num_threads=self.threads)
+        live = []
+        for i, st in enumerate(states):
+            m = st.matcher
+            if m.is_stopped() or m.is_error():
+                ctypes.memset(base + i * row_bytes, 0xFF, row_bytes)
+            else:
+                live.append((m, i))
+        if live:
+            self._executor.unsafe_compute_mask_ptr(live, base, row_bytes, len(states))
+
+
+MASK_FILLER = MaskFiller()
 
 
 def allowed_tokens(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -33,3 +33,35 @@ def test_greedy_tokenizer_takes_the_longest_match() -> None:
     assert greedy(b"abc-abca") == (3, 4, 3, 1)
     with pytest.raises(ValueError, match="no token spells"):
         greedy(b"x")
+
+
+@pytest.mark.parametrize("spec", ["threads:3", "executor:2"])
+def test_parallel_fill_equals_serial(grammars: Grammars, spec: str) -> None:
+    """Rows split over threads (a stopped one among them) give the masks the loop's own
+    serial fill gives, row for row."""
+    import torch
+
+    from aserve.sampling.grammar import MaskFiller
+
+    specs = [
+        StructuredOutputs(json={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
+        StructuredOutputs(regex=r"[0-9]{3}-[a-z]+"),
+        StructuredOutputs(choice=("yes", "no", "maybe")),
+    ]
+    states = [grammars.state(specs[i % len(specs)]) for i in range(13)]
+    tok = grammars._tokenizer
+    for i, st in enumerate(states):  # different grammar states row by row
+        text = {0: '{"a": 1', 1: "12", 2: "ma"}[i % 3][: i // 3 + 1]
+        for t in tok.encode(text):
+            st.advance(t)
+    done = grammars.state(StructuredOutputs(choice=("yes",)))
+    for t in tok.encode("yes"):
+        done.advance(t)
+    states.insert(5, done)
+    serial = fill_masks(states)
+    words = serial.shape[1]
+    parallel = torch.zeros_like(serial)
+    MaskFiller(spec, min_rows_per_thread=1).fill(states, parallel.data_ptr(), words * 4)
+    assert torch.equal(parallel, serial)
+    assert bool((parallel[5] == -1).all())
+    assert len({tuple(r.tolist()[:64]) for r in serial}) > 3, "the rows should differ"
