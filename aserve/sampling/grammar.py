@@ -224,9 +224,8 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     """[R, words] int32 host bitmasks of the tokens each state allows next (into ``out``, a
     contiguous host tensor of that shape, when given).
 
-    llguidance computes a mask without the GIL (~12-14 us a row for the default model's
-    262k vocabulary), so many rows are split over :data:`MASK_FILLER`'s threads, the calling
-    thread taking the first share. A matcher that is stopped or failed (its request has ended;
+    Through :data:`MASK_FILLER` (serial by default; llguidance computes a mask without the
+    GIL, so rows may be split over threads). A matcher that is stopped or failed (its request has ended;
     a split launch may still sample one more token for it, which is never committed) allows
     every token."""
     words = mask_words(states[0].vocab_size)
@@ -246,36 +245,33 @@ def _fill_rows(states: Sequence[GrammarState], first: int, stop: int, base: int,
 
 
 class MaskFiller:
-    """Fills a step's masks: ``threads`` at most (the caller's included), at least
-    ``min_rows_per_thread`` rows each, so a few rows stay on the caller (a thread's wake-up,
-    tens of microseconds, costs more than a row).
+    """Fills a step's masks on the calling thread (``serial``, the default) or over
+    ``threads:N`` threads, the caller's included, at least ``min_rows_per_thread`` rows each
+    (a thread's wake-up costs more than a row). ``ASERVE_MASK_FILL`` picks one.
 
-    ``ASERVE_MASK_FILL`` picks the strategy for measurement: ``threads:N`` (the default,
-    N = min(4, CPUs - 1)), ``serial``, or ``executor:N`` (llguidance's own thread pool)."""
+    Serial is the default because it measured best: on the H200 (docs/benchmarks.md, "Issue
+    16, third round") 4 and 8 threads gave 0.32x / 0.28x the free run at batch 64 and 0.22x /
+    0.18x at 256, against 0.33x / 0.28x serially. A mask costs ~4-5 us a row outside a
+    profiler, so the fill is a small part of a constrained step's host work; llguidance's own
+    executor measured worse too (0.21x / 0.26x, second round)."""
 
     def __init__(self, spec: str | None = None, min_rows_per_thread: int = 16) -> None:
         spec = spec if spec is not None else os.environ.get("ASERVE_MASK_FILL", "")
         kind, _, n = spec.partition(":")
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.kind = kind or "threads"
-        if self.kind not in ("threads", "serial", "executor"):
-            raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (threads:N, serial or executor:N)")
+        self.kind = kind or "serial"
+        if self.kind not in ("threads", "serial"):
+            raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (serial or threads:N)")
         self.threads = 1 if self.kind == "serial" else max(1, int(n) if n else min(4, cpus - 1))
         self.min_rows = min_rows_per_thread
         self._pool: ThreadPoolExecutor | None = None
-        self._executor: Any = None
         self._lock = threading.Lock()
-
-    def describe(self) -> str:
-        return "serial" if self.threads == 1 else f"{self.kind}:{self.threads}"
 
     def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
         rows = len(states)
         parts = min(self.threads, rows // self.min_rows) if self.threads > 1 else 1
         if parts <= 1:
             _fill_rows(states, 0, rows, base, row_bytes)
-        elif self.kind == "executor":
-            self._fill_executor(states, base, row_bytes)
         else:
             pool = self._threads()
             bounds = [rows * k // parts for k in range(parts + 1)]
@@ -291,22 +287,6 @@ class MaskFiller:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="aserve-mask")
             return self._pool
-
-    def _fill_executor(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
-        with self._lock:
-            if self._executor is None:
-                import llguidance
-
-                self._executor = llguidance.LLExecutor(num_threads=self.threads)
-        live = []
-        for i, st in enumerate(states):
-            m = st.matcher
-            if m.is_stopped() or m.is_error():
-                ctypes.memset(base + i * row_bytes, 0xFF, row_bytes)
-            else:
-                live.append((m, i))
-        if live:
-            self._executor.unsafe_compute_mask_ptr(live, base, row_bytes, len(states))
 
 
 MASK_FILLER = MaskFiller()
