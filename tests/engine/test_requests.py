@@ -432,20 +432,29 @@ async def test_requests_submitted_together_are_admitted_together(tiny_llama: tup
 def test_gc_freeze_holds_while_serving_and_is_undone_at_close(tiny_llama: tuple[Path, Any]) -> None:
     """gc_freeze: the objects alive after start-up (the warm-up's greedy and sampled requests
     included) are out of the cyclic collector's reach while the engine serves, and back in
-    it once the engine is closed. Off by default on a CPU, on with CUDA."""
+    it once the engine is closed; the youngest generation's threshold is raised while any
+    such engine runs. Off by default on a CPU, on with CUDA."""
     import gc
 
     from aserve.config import EngineConfig
+    from aserve.engine.engine import GC_GEN0_THRESHOLD
 
     assert not EngineConfig(device="cpu").use_gc_freeze
     assert EngineConfig(device="cuda").use_gc_freeze  # config only: nothing touches a GPU
+
+    before = gc.get_threshold()
 
     async def run() -> None:
         assert gc.get_freeze_count() == 0
         async with aserve.Engine(model=str(tiny_llama[0]), gc_freeze=True, max_context=256) as eng:
             assert gc.get_freeze_count() > 10_000  # torch, the model, the engine
+            assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD
+            async with aserve.Engine(model=str(tiny_llama[0]), gc_freeze=True, max_context=256):
+                pass  # a second engine closing first leaves the first one's threshold alone
+            assert gc.get_threshold()[0] == GC_GEN0_THRESHOLD
             r = await eng.complete(_prompt(3), aserve.SamplingParams(max_tokens=4, temperature=0))
             assert len(r.token_ids) == 4
         assert gc.get_freeze_count() == 0
+        assert gc.get_threshold() == before
 
     anyio.run(run)
