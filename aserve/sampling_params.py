@@ -162,12 +162,17 @@ class SamplingParams:
     @cached_property
     def is_plain_greedy(self) -> bool:
         """Whether the token is the plain argmax: greedy, no penalty, no bias, no logprobs."""
+        return self.is_greedy_argmax and self.structured_outputs is None
+
+    @cached_property
+    def is_greedy_argmax(self) -> bool:
+        """Whether the token is the argmax of the logits after a grammar's mask (if any):
+        plain greedy, or greedy with structured outputs and nothing else."""
         return (
             self.temperature < GREEDY_TEMPERATURE
             and self.logprobs is None
             and not self.has_penalty
             and not self.logit_bias
-            and self.structured_outputs is None
         )
 
     def validate(self) -> None:

@@ -91,6 +91,16 @@ class StepInputs:
     # sequence in launch order; the committer reads the rows back in this order.
     plp_top: int = 0
     plp_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    # A greedy decode graph step with constrained rows: their matchers, in ``mask_rows`` order
+    # (their masks are applied to the graph's logits before an argmax; no sampler inputs).
+    grammar: list[GrammarState] = field(default_factory=list)
+
+    @property
+    def grammar_states(self) -> list[GrammarState]:
+        """The matchers whose masks this step needs (either path)."""
+        if self.sampling is not None:
+            return [g for _, g in self.sampling.grammar]
+        return self.grammar
 
 
 @dataclass
@@ -106,6 +116,8 @@ class DeviceInputs:
     prefix_cpu: list[int]
     extend_cpu: list[int]
     plp_top: int = 0
+    mask_rows: torch.Tensor | None = None  # [R] constrained rows of a greedy graph step
+    mask_bits: torch.Tensor | None = None  # [R, words] their masks, once filled
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, host: StepInputs, sbatch: SamplingBatch | None) -> DeviceInputs:
@@ -121,6 +133,7 @@ class DeviceInputs:
             prefix_cpu=host.prefix_cpu,
             extend_cpu=host.extend_cpu,
             plp_top=host.plp_top,
+            mask_rows=views.get("mask_rows"),
         )
 
 
@@ -228,6 +241,15 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
     return StepInputs(flat, spans, prefix, extend, sampling, plp_top, plp_spans)
 
 
+def _all_greedy_argmax(plan: Plan) -> bool:
+    """Like :func:`_all_plain_greedy`, but a row may be constrained by a grammar: its token is
+    the argmax of its masked logits."""
+    return all(
+        not s.samples or (s.req.params.is_greedy_argmax and s.output_index >= s.req.params.min_tokens)
+        for s in plan.seqs
+    )
+
+
 def _all_plain_greedy(plan: Plan) -> bool:
     """Every token the step samples is the plain argmax (no penalty, bias, logprobs, grammar,
     or stop ids banned under min_tokens); a prompt's non-final chunk samples nothing."""
@@ -270,18 +292,23 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
     """The common steady-state step: every sequence decodes greedily (no penalty, no
     logprobs) and the batch fits a captured graph. Only the graph's input, rows and
     generations are built and uploaded, and no sampling tensors at all: the graph's
-    argmax is the step's output. None when the step needs the general path."""
+    argmax is the step's output, or for rows a grammar constrains, the argmax of their
+    masked logits (``mask_rows``). None when the step needs the general path."""
     if graphs is None or any(s.input_ids is not None or s.prefix_slots for s in plan.seqs):
         return None  # not every sequence decodes
-    if not _all_plain_greedy(plan):
+    if not _all_greedy_argmax(plan):
         return None
     rows = [s.row for s in plan.seqs]
     positions = [s.prefix_len for s in plan.seqs]
     graph_in = graphs.host_inputs(rows, positions, [s.slots[0] for s in plan.seqs])
     if graph_in is None:
         return None
-    flat, spans = pack_int64({"rows": rows, "gens": [s.generation for s in plan.seqs], "graph_in": graph_in})
-    return StepInputs(flat, spans, positions, [1] * len(rows), None)
+    fields = {"rows": rows, "gens": [s.generation for s in plan.seqs], "graph_in": graph_in}
+    grammar = [(i, s.req.grammar) for i, s in enumerate(plan.seqs) if s.req.grammar is not None]
+    if grammar:  # every decode samples
+        fields["mask_rows"] = [i for i, _ in grammar]
+    flat, spans = pack_int64(fields)
+    return StepInputs(flat, spans, positions, [1] * len(rows), None, grammar=[g for _, g in grammar])
 
 
 def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tuple[int, int]]]:

@@ -27,8 +27,8 @@ from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
-from aserve.sampling.grammar import fill_masks, mask_words
-from aserve.sampling.sampler import SampleOutput, prompt_logprobs, sample
+from aserve.sampling.grammar import GrammarState, fill_masks, mask_words
+from aserve.sampling.sampler import SampleOutput, apply_masks_, prompt_logprobs, sample
 from aserve.scheduler.policy import Plan
 
 
@@ -58,6 +58,7 @@ class ModelRunner:
         self._index = 0
         self.fast_graph_steps = 0  # steps whose host inputs took the greedy graph fast path
         self.split_steps = 0  # steps launched in two (constrained rows' masks filled later)
+        self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
         # inputs and outputs.
         slots = max(3, pipeline_depth + 1)
@@ -102,7 +103,7 @@ class ModelRunner:
         host = build_inputs(plan, self.decode_graphs, self.extend_graphs)
         if host.sampling is None:
             self.fast_graph_steps += 1
-        defer = defer_masks and host.sampling is not None and bool(host.sampling.grammar)
+        defer = defer_masks and bool(host.grammar_states)
         self.split_steps += defer
         index = self._index
         self._index += 1
@@ -139,9 +140,12 @@ class ModelRunner:
         return self._sample_part(self._forward(dev), dev)
 
     def _sample_part(self, fwd: SampleOutput | _Logits, dev: DeviceInputs) -> SampleOutput:
-        """The sampler after :meth:`_forward` (nothing on the greedy graph fast path)."""
+        """The sampler after :meth:`_forward` (nothing on the greedy graph fast path; a masked
+        argmax when that step has constrained rows)."""
         if isinstance(fwd, SampleOutput):
             return fwd
+        if dev.sbatch is None:
+            return self._masked_argmax(fwd.logits, dev)
         out = self._sample_and_publish(fwd.logits, dev, fwd.gathered)
         if fwd.prompt is not None:
             out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = fwd.prompt
@@ -208,12 +212,25 @@ class ModelRunner:
         b = dev.rows.shape[0]
         if fm.debug:
             fm.generations[dev.rows] = dev.gens
-        if dev.sbatch is None:
+        if dev.sbatch is None and dev.mask_rows is None:
             # Every row plain greedy (the fast path of ``build_inputs``): the graph's argmax is
             # the output. A copy: the graph's buffer is rewritten by the next replay, maybe
             # before this step's device-to-host copy ran on the copy stream.
             return SampleOutput(g.tokens[:b].clone(), None, None, None)
         return _Logits(g.logits[:b], g.input_ids[:b], None)
+
+    def _masked_argmax(self, logits: torch.Tensor, dev: DeviceInputs) -> SampleOutput:
+        """A greedy graph step with constrained rows: their masks applied to the graph's
+        logits (in place: the buffer is the graph's, rewritten by its next replay), the
+        argmax, and the tokens published over the graph's own unmasked ones. Every row of a
+        decode-only step samples."""
+        assert dev.mask_rows is not None and dev.mask_bits is not None, "a masked step without its masks"
+        self.masked_graph_steps += 1
+        with torch.inference_mode():
+            apply_masks_(logits, dev.mask_rows, dev.mask_bits)
+            tokens = logits.argmax(dim=-1)
+        self.future_map.publish(dev.rows, tokens, dev.gens)
+        return SampleOutput(tokens, None, None, None)
 
     def _sample_and_publish(
         self, logits: torch.Tensor, dev: DeviceInputs, gathered: torch.Tensor | None
@@ -238,6 +255,8 @@ class ModelRunner:
         assert stream is not None
         sbatch = None if host.sampling is None else host.sampling.batch(self.device, masks=not defer)
         dev = DeviceInputs.from_packed(host.packed, host, sbatch)
+        if host.grammar and not defer:
+            dev = _with_masks(dev, fill_masks(host.grammar))
         result: dict[str, Any] = {}
         begin = stream.record(f"step{index}.forward_begin")
         if defer:
@@ -261,8 +280,7 @@ class ModelRunner:
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: result["host"]
         if defer:
-            assert host.sampling is not None
-            grammar = [g for _, g in host.sampling.grammar]
+            grammar = host.grammar_states
 
             def finish() -> None:
                 masked = _with_masks(dev, fill_masks(grammar))
@@ -285,6 +303,9 @@ class ModelRunner:
         if sbatch_host is not None:
             sbatch = sbatch_host.replace_tensors({k: on_device["s." + k] for k in sampling_tensors})
         dev = DeviceInputs.from_packed(on_device["packed_i64"], host, sbatch)
+        mask_keep: list[torch.Tensor] = []
+        if host.grammar and not defer:
+            dev = _with_masks(dev, self._upload_masks(index, host.grammar, mask_keep))
         self.forward_stream.wait_stream(self.schedule_stream)
         with torch.cuda.stream(self.forward_stream):
             begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin")
@@ -292,30 +313,36 @@ class ModelRunner:
         bufs: dict[str, torch.Tensor] = {}
         if fwd is None:
             out, materialized, copied = self._sample_cuda(index, lambda: self._device_work(dev), bufs, None)
-            step = self._step(index, plan, begin, materialized, copied, [dev, out])
+            step = self._step(index, plan, begin, materialized, copied, [dev, out, *mask_keep])
         else:
             # Placeholders, recorded by finish_launch(); a watcher may await them before that.
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
-            assert host.sampling is not None
-            grammar = [g for _, g in host.sampling.grammar]
+            grammar = host.grammar_states
 
             def finish() -> None:
                 # The masks, filled straight into pinned memory, then the sampler and the copy out.
-                words = mask_words(grammar[0].vocab_size)
-                pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
-                fill_masks(grammar, pinned)
-                with torch.cuda.stream(self.schedule_stream):
-                    bits = pinned.to(self.device, non_blocking=True)
+                keep: list[torch.Tensor] = []
+                masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
                 self.forward_stream.wait_stream(self.schedule_stream)
-                masked = _with_masks(dev, bits)
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
-                step.keepalive += [masked, out, pinned]
+                step.keepalive += [masked, out, *keep]
 
             step.finish_launch = finish
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
+
+    def _upload_masks(self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor]) -> torch.Tensor:
+        """The rows' masks, filled straight into pinned memory and copied on the schedule
+        stream (the forward stream waits for it); the pinned buffer goes into ``keep``."""
+        words = mask_words(grammar[0].vocab_size)
+        pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
+        fill_masks(grammar, pinned)
+        with torch.cuda.stream(self.schedule_stream):
+            bits = pinned.to(self.device, non_blocking=True)
+        keep.append(pinned)
+        return bits
 
     def _sample_cuda(
         self, index: int, work: Callable[[], SampleOutput], bufs: dict[str, torch.Tensor], step: Step | None
@@ -344,8 +371,9 @@ class ModelRunner:
 
 
 def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:
-    """A split step's inputs with its constrained rows' masks, filled after launch."""
-    assert dev.sbatch is not None
+    """A step's inputs with its constrained rows' masks (a split step's, filled after launch)."""
+    if dev.sbatch is None:
+        return dataclasses.replace(dev, mask_bits=bits)
     return dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits))
 
 

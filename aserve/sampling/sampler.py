@@ -150,6 +150,18 @@ def _race_chunked(scaled: Tensor, keep: Tensor | None, noise_hash: Tensor, keys:
     return best_idx
 
 
+def apply_masks_(logits: Tensor, rows: Tensor, bits: Tensor) -> Tensor:
+    """In place: ``logits[rows[i], t] = -inf`` wherever a grammar's bitmask ``bits[i]``
+    disallows token t; returns ``logits``. On CUDA one Triton pass (no [R, V] temporaries)."""
+    if logits.device.type == "cuda":
+        from aserve.kernels.bitmask import apply_bitmask_
+
+        return apply_bitmask_(logits, rows, bits)
+    allowed = allowed_tokens(bits, logits.shape[1])  # [R, V] bool
+    logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
+    return logits
+
+
 def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
     """Sample one token per row. logits: [B, V] float32 (not modified)."""
     vocab = logits.shape[1]
@@ -182,16 +194,9 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
 
     if batch.mask_rows is not None and batch.mask_bits is not None:
         # Structured outputs: tokens the row's grammar does not allow next are impossible.
-        if device.type == "cuda":
-            from aserve.kernels.bitmask import apply_bitmask_
-
-            # In place, one pass (no [R, V] temporaries); ``logits`` itself stays the model's.
-            processed = apply_bitmask_(processed if processed is not logits else logits.clone(), batch.mask_rows,
-                                       batch.mask_bits)  # fmt: skip
-        else:
-            allowed = allowed_tokens(batch.mask_bits, vocab)  # [R, V] bool
-            sub = processed[batch.mask_rows].masked_fill(~allowed, float("-inf"))
-            processed = processed.index_put((batch.mask_rows,), sub)
+        # In place on a copy: ``logits`` itself stays the model's.
+        processed = apply_masks_(processed if processed is not logits else logits.clone(), batch.mask_rows,
+                                 batch.mask_bits)  # fmt: skip
 
     greedy_tokens = processed.argmax(dim=-1)  # [B]
     if batch.all_greedy:

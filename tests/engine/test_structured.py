@@ -240,3 +240,26 @@ async def test_forced_bytes_on_a_vocabulary_with_a_dummy_prefix(tiny_llama: tupl
         ]
         for out in await _run_all(eng, jobs):
             assert out.finish_reason == "stop" and re.fullmatch(pattern, out.text), out.text
+
+
+async def test_constrained_greedy_rows_on_the_decode_graph_path_match_the_sampler(tiny_llama: tuple[Any, Any]) -> None:
+    """Decode steps whose rows are greedy, some of them constrained, run from the decode graph
+    (on a CPU its body on the static buffers) and take the argmax of the masked logits; the
+    general sampler, serially and without graphs, is the reference. Split launches included."""
+    pattern = r"[0-9]{3}-[a-z]{2,6}\."
+    jobs = [(f"request {i}:", _params(StructuredOutputs(regex=pattern), seed=None, temperature=0.0)) for i in range(5)]
+    jobs += [(f"free {i}:", aserve.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)) for i in range(3)]
+    results = {}
+    for overlap, graphs in ((False, False), (True, True), (False, True)):
+        async with aserve.Engine(model=str(tiny_llama[0]), max_context=128, kv_cache_bytes=2**26, overlap=overlap,
+                                 attention_backend="triton", cuda_graph=graphs, cuda_graph_max_tokens=0, debug=True,
+                                 max_running_requests=8, warmup=False) as eng:  # fmt: skip
+            outs = await _run_all(eng, jobs)
+            results[overlap, graphs] = [(o.token_ids, o.finish_reason) for o in outs]
+            for out in outs[:5]:
+                assert out.finish_reason == "stop" and re.fullmatch(pattern, out.text), out.text
+            if graphs:
+                assert eng.runner.masked_graph_steps > 0
+                assert (eng.runner.split_steps > 0) == overlap
+            assert await _settled(eng)
+    assert results[False, False] == results[True, True] == results[False, True]

@@ -58,3 +58,39 @@ def test_split_launch_matches_serial_and_keeps_the_grammar(tiny_llama: tuple[Pat
         assert s.token_ids == o.token_ids and s.finish_reason == o.finish_reason
         assert o.finish_reason == "stop" and re.fullmatch(PATTERN, o.text), (o.finish_reason, o.text)
     assert plain_serial == plain_overlap  # an unconstrained neighbour is unchanged
+
+
+def test_greedy_constrained_rows_take_the_masked_argmax_after_the_decode_graph(tiny_llama: tuple[Path, Any]) -> None:
+    """All-greedy steps with constrained rows replay the decode graph and take the argmax of
+    the masked logits (no sampler inputs); eager and serial, through the sampler, is the
+    reference. With overlap the steps split (masks after the commit they need)."""
+    regex = StructuredOutputs(regex=PATTERN)
+    jobs = [(f"request {i}:", aserve.SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=regex))
+            for i in range(24)]  # fmt: skip
+    jobs += [(f"free {i}:", aserve.SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)) for i in range(4)]
+
+    async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int]:
+        async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
+                                 overlap=overlap, debug=True, cuda_graph=graphs, dtype="float32") as engine:  # fmt: skip
+            outs: list[Any] = [None] * len(jobs)
+
+            async def one(i: int) -> None:
+                outs[i] = (await engine.complete(*jobs[i])).outputs[0]
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(jobs)):
+                    tg.start_soon(one, i)
+            with anyio.fail_after(60):
+                while not engine.ledger().all_free:
+                    await anyio.sleep(0.01)
+            return outs, engine.runner.masked_graph_steps, engine.runner.split_steps
+
+    reference, masked_ref, _ = anyio.run(run, False, False)
+    assert masked_ref == 0
+    for overlap in (False, True):
+        outs, masked, split = anyio.run(run, overlap, True)
+        assert masked > 0 and (split > 0) == overlap
+        for r, o in zip(reference, outs, strict=True):
+            assert r.token_ids == o.token_ids and r.finish_reason == o.finish_reason
+        for o in outs[:24]:
+            assert o.finish_reason == "stop" and re.fullmatch(PATTERN, o.text), (o.finish_reason, o.text)
