@@ -249,11 +249,10 @@ class MaskFiller:
     ``threads:N`` threads, the caller's included, at least ``min_rows_per_thread`` rows each
     (a thread's wake-up costs more than a row). ``ASERVE_MASK_FILL`` picks one.
 
-    Serial is the default because it measured best: on the H200 (docs/benchmarks.md, "Issue
-    16, third round") 4 and 8 threads gave 0.32x / 0.28x the free run at batch 64 and 0.22x /
-    0.18x at 256, against 0.33x / 0.28x serially. A mask costs ~4-5 us a row outside a
-    profiler, so the fill is a small part of a constrained step's host work; llguidance's own
-    executor measured worse too (0.21x / 0.26x, second round)."""
+    Serial is the default because it measured best on the H200 (docs/benchmarks.md, "The host
+    step again ... issue 16"), with the greedy graph path too: 0.50x / 0.38x the free run at
+    batch 64 / 256, against 0.53x / 0.30x on 2 threads and 0.41x / 0.23x on 4, although the
+    binding drops the GIL around each mask; llguidance's own executor measured worse as well."""
 
     def __init__(self, spec: str | None = None, min_rows_per_thread: int = 16) -> None:
         spec = spec if spec is not None else os.environ.get("ASERVE_MASK_FILL", "")
