@@ -1,6 +1,7 @@
 """The host's share of one decode step at batch 64 / 256 / 512, measured without a device.
 
     python -m aserve.bench.host_step --out host_step.json [--batches 64,256,512]
+    python -m aserve.bench.host_step --mixed --out host_mixed.json   # W1-like mixed steps
 
 One steady greedy decode step is, on the host: ``Scheduler.schedule()`` (plan),
 ``build_inputs`` on the CUDA-graph fast path plus the step's snapshot of its sequences
@@ -115,12 +116,85 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128) -> dict[str, Any]
     }  # fmt: skip
 
 
+def bench_mixed(batch: int, steps: int, seed: int = 4, warmup: int = 100) -> dict[str, Any]:
+    """W1's steps on the host: ``batch`` running requests with prompts and outputs of 128-1024
+    tokens from a queue of thousands, so most steps decode and some (a request ended, the next
+    admitted) also carry a prompt chunk. The prefill graphs' inputs are built too (their ladder
+    up to an 8192-token budget); the device work is left out as in :func:`bench_batch`."""
+    import random
+
+    from aserve.device.extend_graphs import ExtendGraphs
+
+    device, rnd, max_context = torch.device("cpu"), random.Random(seed), 2100
+    pool = KVPool(_CFG, num_pages=batch * (max_context // 16 + 2), page_size=16, num_rows=batch,
+                  max_context=max_context, dtype=torch.float32, device=device)  # fmt: skip
+    sched = Scheduler(pool, SchedulerConfig(max_running_requests=batch, radix_cache=True, max_num_batched_tokens=8192))
+    fmap = FutureMap(pool.rows.num_rows + 1, device, debug=False)
+    graphs = DecodeGraphs(torch.nn.Identity(), pool, fmap, device, batch)
+    xgraphs = ExtendGraphs(torch.nn.Identity(), pool, device, 8192, batch, _CFG.vocab_size)
+    runner = ModelRunner(torch.nn.Identity(), pool, device, fmap, None, None, decode_graphs=graphs)
+    committer = Committer(sched, _Tokenizer(), on_finish=lambda r: None)  # type: ignore[arg-type]
+    reqs = []
+    for i in range(6 * batch):
+        prompt_len, out_len = rnd.randint(128, 1024), rnd.randint(128, 1024)
+        r = Req(rid=f"r{i}", index=0, prompt_ids=[rnd.randrange(2, _CFG.vocab_size) for _ in range(prompt_len)],
+                params=SamplingParams(max_tokens=out_len, temperature=0, ignore_eos=True), max_new_tokens=out_len,
+                seed=0, stop_ids=frozenset())  # fmt: skip
+        r.cell = OutputCell(wake_every=0)
+        sched.add(r)
+        reqs.append(r)
+    done = DeviceEvent("done")
+    done._complete()
+    rows: list[tuple[bool, float, float, float]] = []
+    for i in range(steps):
+        t0 = time.perf_counter()
+        plan = sched.schedule(False)
+        t1 = time.perf_counter()
+        if not isinstance(plan, Plan):
+            break
+        step = runner._step(i, plan, done, done, done, [build_inputs(plan, graphs, xgraphs)])
+        step.outputs = StepOutputs(token_ids=[7] * len(plan.seqs))
+        for s in plan.seqs:
+            s.req.inflight += 1
+        t2 = time.perf_counter()
+        committer.commit(step)
+        t3 = time.perf_counter()
+        if i >= warmup:  # past the first wave's prefills
+            rows.append((plan.num_decodes < len(plan.seqs), t1 - t0, t2 - t1, t3 - t2))
+        for r in reqs:
+            if r.cell is not None:
+                r.cell.take_nowait()
+    out: dict[str, Any] = {"batch": batch, "steps": len(rows)}
+    for kind, mixed in (("decode", False), ("mixed", True)):
+        sel = [r for r in rows if r[0] == mixed]
+        if sel:
+            out[kind] = {"steps": len(sel), **{f"{name}_us": statistics.median(r[k] for r in sel) * 1e6
+                                               for k, name in ((1, "plan"), (2, "launch_host"), (3, "commit"))}}  # fmt: skip
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="host_step.json")
     ap.add_argument("--batches", default="64,256,512")
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--mixed", action="store_true", help="W1-like steps (decodes plus a prompt chunk) at batch 256")
     args = ap.parse_args()
+    if args.mixed:
+
+        async def run_mixed() -> dict[str, Any]:
+            return bench_mixed(256, args.steps + 100)
+
+        res = anyio.run(run_mixed)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        print(f"{'step':>8}{'n':>6}{'plan us':>10}{'launch us':>11}{'commit us':>11}")
+        for kind in ("decode", "mixed"):
+            if kind in res:
+                r = res[kind]
+                print(
+                    f"{kind:>8}{r['steps']:>6}{r['plan_us']:>10.0f}{r['launch_host_us']:>11.0f}{r['commit_us']:>11.0f}"
+                )
+        return
 
     async def run() -> list[dict[str, Any]]:  # steps carry awaitables: build them on a loop
         return [bench_batch(int(b), args.steps) for b in args.batches.split(",")]

@@ -14,3 +14,15 @@ def test_host_step_bench_decodes_the_whole_batch_each_step() -> None:
     out = anyio.run(run)
     assert out["batch"] == 12 and out["steps"] == 40
     assert out["total_us"] == out["plan_us"] + out["launch_host_us"] + out["commit_us"] > 0
+
+
+def test_host_step_mixed_bench_sees_decode_and_mixed_steps() -> None:
+    from aserve.bench.host_step import bench_mixed
+
+    async def run() -> dict[str, object]:
+        return bench_mixed(batch=8, steps=400, warmup=0)  # outputs of >= 128 tokens end, others come in
+
+    out = anyio.run(run)
+    decode, mixed = out["decode"], out["mixed"]
+    assert isinstance(decode, dict) and isinstance(mixed, dict)
+    assert decode["steps"] > 0 and mixed["steps"] > 0 and mixed["launch_host_us"] > 0
