@@ -31,8 +31,8 @@ ggufmm = Extension(
     "aserve.kernels._ggufmm",
     sources=["aserve/kernels/_ggufmm.c"],
     depends=["aserve/kernels/_ggufmm_kernels.h"],
-    extra_compile_args=["-O3", "-fopenmp", "-std=gnu11", "-Wno-psabi"],
-    extra_link_args=["-fopenmp"],
+    extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-Wno-psabi"],
+    extra_link_args=["-pthread"],
     optional=True,
 )
 

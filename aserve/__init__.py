@@ -6,9 +6,21 @@ scheduler's policy, say) does not load the engine, torch or anyio.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from aserve.lazy import lazy_attributes
+
+# torch's OpenMP threads (its libgomp reads OMP_WAIT_POLICY once, when torch is imported, so
+# this runs before aserve imports torch): PASSIVE makes a thread waiting for work sleep rather
+# than spin for ~3 ms. On a machine whose cores other processes share, spinning threads held
+# up every parallel region (a decode step of 83 ms took 1.5 s); docs/architecture.md, "CPU
+# weights". Set OMP_WAIT_POLICY yourself to keep another policy. Where torch was imported
+# before aserve, its policy is already fixed and this changes nothing (the engine logs it).
+TORCH_IMPORTED_FIRST = "torch" in sys.modules
+if not TORCH_IMPORTED_FIRST:
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 if TYPE_CHECKING:
     from aserve.config import EngineConfig

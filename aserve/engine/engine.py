@@ -28,7 +28,14 @@ from aserve.device.step import Step
 from aserve.engine.admission import Admission, AdmissionLimits, Prompt
 from aserve.engine.commit import Committer
 from aserve.engine.recorder import StepRecorder
-from aserve.engine.setup import LoadedEngine, available_cpus, build_graphs, load_engine_parts, load_on_stream
+from aserve.engine.setup import (
+    LoadedEngine,
+    available_cpus,
+    build_graphs,
+    load_engine_parts,
+    load_on_stream,
+    omp_wait_policy,
+)
 from aserve.engine.step_loop import StepLoop
 from aserve.engine.stream import RequestStream, collect_result, stream_deltas
 from aserve.errors import EngineClosedError, EngineFailedError, InvalidRequestError
@@ -319,6 +326,7 @@ class Engine:
             "dtype": str(parts.dtype).removeprefix("torch."),
             "weights": parts.weights,
             "cpu_threads": torch.get_num_threads() if parts.device.type == "cpu" else None,
+            "omp_wait_policy": omp_wait_policy() if parts.device.type == "cpu" else None,
             "kv_tokens": pool.total_tokens,
             "kv_bytes_per_token": pool.bytes_per_token(),
             "page_size": pool.page_size,

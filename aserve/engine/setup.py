@@ -57,14 +57,27 @@ def available_cpus() -> int:
     return max(1, n)
 
 
+def omp_wait_policy() -> str:
+    """torch's OpenMP wait policy as its libgomp read it at ``import torch``: aserve's package
+    import sets PASSIVE unless OMP_WAIT_POLICY was set or torch was imported first."""
+    import aserve
+
+    value = os.environ.get("OMP_WAIT_POLICY")
+    if value:
+        return value
+    first = " (torch was imported before aserve)" if aserve.TORCH_IMPORTED_FIRST else ""
+    return f"unset: libgomp's default, idle threads spin ~3 ms{first}"
+
+
 def use_gguf_blocks(cfg: EngineConfig, device: torch.device) -> bool:
     """Whether the model's quantized weights stay GGUF blocks on aserve's CPU kernel:
     ``dtype="gguf"`` asks for it (an error where it cannot run).
 
     Not the CPU default yet, though the quality bar is met (the blocks hold exactly the float32
-    path's weights; docs/benchmarks.md, "Issue 20"): on a loaded 2-core machine the kernel's
-    OpenMP threads spin-waited a decode step from 83 ms to 1.5 s unless OMP_WAIT_POLICY=PASSIVE,
-    and the whole test suite has not run on it. Unset ``dtype`` on a CPU stays float32."""
+    path's weights; docs/benchmarks.md, "Issue 20"): the whole test suite has not run on it.
+    (Its OpenMP threads spin-waiting on a loaded machine is settled: the kernel has its own
+    thread pool, and aserve's import makes torch's threads passive.) Unset ``dtype`` on a CPU
+    stays float32."""
     from aserve.kernels.gguf_linear import unavailable_reason
     from aserve.models.loader import resolve_model_path
 

@@ -13,8 +13,8 @@
  *
  * Portable C plus GCC vector extensions, compiled three times (AVX-512, AVX2+FMA, baseline;
  * _ggufmm_kernels.h) with the copy picked at import, so a CPU without AVX-512 runs the AVX2
- * code and any x86-64 (or other) CPU the baseline. Threads: OpenMP (torch's own libgomp when torch
- * is imported first, so there is one thread pool). No libtorch: tensors come in as pointers.
+ * code and any x86-64 (or other) CPU the baseline. Threads: a small pool of its own (below), not
+ * OpenMP. No libtorch: tensors come in as pointers.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -22,9 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #include <immintrin.h> /* usable inside the target pragmas below */
 #endif
@@ -115,6 +116,221 @@ static int type_info(int qtype, int64_t *block, int64_t *bytes, deq_fn *fn) {
     }
 }
 
+
+/* ---- Threads ------------------------------------------------------------------------------
+ *
+ * A call is cut into chunks of rows; the calling thread and up to threads - 1 helpers claim
+ * chunks from one atomic ticket, and the call returns once every claimed chunk is done. The
+ * caller never waits for a helper that has not started: a helper the OS has not scheduled (a
+ * loaded machine) simply claims nothing, and the caller does its share. That is the difference
+ * from an OpenMP parallel region, whose closing barrier waits for every thread of the team:
+ * with OpenMP's default wait policy the team's threads spin, and on a 2-core machine shared
+ * with other processes a decode step of 83 ms took 1.5 s; OMP_WAIT_POLICY=PASSIVE fixed that
+ * but made the quiet case ~40% slower (a futex wake-up per parallel region, ~130 per step).
+ * Helpers spin for spin_ns (3 ms) after their last chunk, calling sched_yield() between checks
+ * (most gaps between two matmuls of a decode step are shorter), then sleep on a condition
+ * variable until the next call wakes them. Under load the spin length made no difference
+ * (0 to 3 ms measured); quiet, a hot helper joins a call at once. docs/benchmarks.md, "Issue
+ * 20: OpenMP waits".
+ *
+ * ticket: generation (24 bits) | chunks (20 bits) | next unclaimed chunk (20 bits). A helper
+ * claims with a compare-and-swap on the whole word, so it claims only from the call that is
+ * running; having claimed, it reads that call's description (stable until `done` counts the
+ * chunk, since the caller waits for that). */
+
+/* Helpers spin this long after their last chunk, calling sched_yield() between checks (a
+ * loaded machine's other threads get the core), then sleep. ASERVE_KERNEL_SPIN_US and
+ * ASERVE_KERNEL_SPIN_YIELD=0 (read at import) override, to measure other choices. */
+static int64_t spin_ns = 3000000L;
+static int yield_spin = 1;
+#define MAX_HELPERS 63
+#define CHUNK_BITS 20
+#define MAX_CHUNKS ((1 << CHUNK_BITS) - 1)
+#define T_NEXT(t) ((int64_t)((t) & MAX_CHUNKS))
+#define T_CHUNKS(t) ((int64_t)(((t) >> CHUNK_BITS) & MAX_CHUNKS))
+#define T_GEN(t) ((t) >> (2 * CHUNK_BITS))
+
+struct job {
+    int dequant; /* 0: y = x @ W^T (matmul); 1: out = rows of W (dequantize) */
+    deq_fn fn;
+    dot_fn dot;
+    const uint8_t *w;
+    int64_t row_bytes, k, n; /* n: rows of W (matmul) or rows to dequantize */
+    const float *x;
+    int64_t m;
+    float *y;
+    const int64_t *rows;
+    int64_t chunk_rows;
+};
+
+/* Each shared word on its own cache line: a claim or a count must not evict the call's
+ * description (or each other) from the other threads' caches. */
+static _Alignas(64) struct job job;
+static _Alignas(64) _Atomic uint64_t ticket;
+static _Alignas(64) _Atomic int64_t done;
+static _Alignas(64) _Atomic int allowed; /* helpers 0 .. allowed - 1 may claim chunks of the current call */
+static _Alignas(64) _Atomic int sleepers;
+static int num_helpers;
+static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER; /* one call on the pool at a time */
+static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sleep_cond = PTHREAD_COND_INITIALIZER;
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+/* Per-helper buffers of 4 * k floats, grown by the caller before it publishes a call (no helper
+ * is inside a chunk then: the previous call has finished). */
+static float *helper_buf[MAX_HELPERS];
+static int64_t helper_cap[MAX_HELPERS];
+
+static int grow(float **buf, int64_t *cap, int64_t floats) {
+    if (*cap >= floats) return 0;
+    free(*buf);
+    *buf = (float *)aligned_alloc(64, (size_t)((floats + 15) / 16 * 16) * sizeof(float));
+    *cap = *buf == NULL ? 0 : floats;
+    return *buf == NULL ? -1 : 0;
+}
+
+/* Chunk c of a call: 4 weight rows at a time dequantized into buf (16 KB for k = 1024: L1),
+ * then their dot products with every row of x; or rows of W dequantized straight into y. */
+static void run_chunk(const struct job *j, int64_t c, float *buf) {
+    const int64_t start = c * j->chunk_rows, end = start + j->chunk_rows < j->n ? start + j->chunk_rows : j->n;
+    if (j->dequant) {
+        for (int64_t i = start; i < end; i++) {
+            const int64_t r = j->rows != NULL ? j->rows[i] : i;
+            j->fn(j->w + r * j->row_bytes, j->k, j->y + i * j->k);
+        }
+        return;
+    }
+    for (int64_t r = start; r < end; r += 4) {
+        const int64_t nw = end - r < 4 ? end - r : 4;
+        for (int64_t i = 0; i < nw; i++) j->fn(j->w + (r + i) * j->row_bytes, j->k, buf + i * j->k);
+        j->dot(buf, nw, j->k, j->x, j->m, j->y + r, j->n);
+    }
+}
+
+/* Claim and run chunks of the running call until none is left. who: a helper's index, or -1
+ * for the caller (whose buffer is `own`). */
+static void claim_chunks(int who, float *own) {
+    for (;;) {
+        uint64_t t = atomic_load_explicit(&ticket, memory_order_acquire);
+        if (T_NEXT(t) >= T_CHUNKS(t)) return;
+        if (who >= 0 && who >= atomic_load_explicit(&allowed, memory_order_relaxed)) return;
+        if (!atomic_compare_exchange_weak_explicit(&ticket, &t, t + 1, memory_order_acq_rel, memory_order_acquire))
+            continue;
+        /* Claimed: job and helper_buf are this call's until `done` counts the chunk. */
+        const struct job j = job;
+        run_chunk(&j, T_NEXT(t), who >= 0 ? helper_buf[who] : own);
+        atomic_fetch_add_explicit(&done, 1, memory_order_release);
+    }
+}
+
+static void *helper_main(void *arg) {
+    const int who = (int)(intptr_t)arg;
+    for (;;) {
+        claim_chunks(who, NULL);
+        const uint64_t gen = T_GEN(atomic_load_explicit(&ticket, memory_order_acquire));
+        const int64_t until = now_ns() + spin_ns;
+        int spins = 0;
+        while (T_GEN(atomic_load_explicit(&ticket, memory_order_acquire)) == gen) {
+            cpu_relax();
+            if (++spins % 64 == 0) {
+                if (now_ns() > until) break;
+                if (yield_spin) sched_yield();
+            }
+        }
+        if (T_GEN(atomic_load_explicit(&ticket, memory_order_acquire)) != gen) continue;
+        pthread_mutex_lock(&sleep_lock);
+        atomic_fetch_add(&sleepers, 1);
+        while (T_GEN(atomic_load(&ticket)) == gen) pthread_cond_wait(&sleep_cond, &sleep_lock);
+        atomic_fetch_sub(&sleepers, 1);
+        pthread_mutex_unlock(&sleep_lock);
+    }
+    return NULL;
+}
+
+/* After fork() only the forking thread exists: the child starts a pool of its own. */
+static void pool_after_fork_child(void) {
+    num_helpers = 0;
+    atomic_store(&sleepers, 0);
+    pthread_mutex_init(&submit_lock, NULL);
+    pthread_mutex_init(&sleep_lock, NULL);
+    pthread_cond_init(&sleep_cond, NULL);
+}
+
+/* Start helpers 0 .. want - 1 where missing, each with a buffer of 4 * k floats; returns how
+ * many are ready (fewer where a thread or a buffer could not be had). Holds submit_lock. */
+static int ready_helpers(int want, int64_t k) {
+    int n = 0;
+    for (; n < want; n++) {
+        if (grow(&helper_buf[n], &helper_cap[n], 4 * k) != 0) break;
+        if (n < num_helpers) continue;
+        pthread_t th;
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+        const int rc = pthread_create(&th, &attr, helper_main, (void *)(intptr_t)n);
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break;
+        num_helpers++;
+    }
+    return n;
+}
+
+/* Run j, cut into nchunks chunks, on the caller and up to threads - 1 helpers; -1 if out of
+ * memory. Called without the GIL. */
+static int run_job(const struct job *j, int64_t nchunks, int threads) {
+    float *own = NULL;
+    int64_t cap = 0;
+    if (!j->dequant && grow(&own, &cap, 4 * j->k) != 0) return -1;
+    int helpers = threads - 1 < MAX_HELPERS ? threads - 1 : MAX_HELPERS;
+    if (helpers > nchunks - 1) helpers = (int)(nchunks - 1);
+    if (helpers < 1 || pthread_mutex_trylock(&submit_lock) != 0) {
+        /* one thread, or another Python thread's call holds the pool: all chunks here */
+        for (int64_t c = 0; c < nchunks; c++) run_chunk(j, c, own);
+        free(own);
+        return 0;
+    }
+    helpers = ready_helpers(helpers, j->dequant ? 0 : j->k);
+    job = *j;
+    atomic_store_explicit(&done, 0, memory_order_relaxed);
+    atomic_store_explicit(&allowed, helpers, memory_order_relaxed);
+    const uint64_t gen = (T_GEN(atomic_load(&ticket)) + 1) & ((1u << 24) - 1);
+    atomic_store(&ticket, (gen << (2 * CHUNK_BITS)) | ((uint64_t)nchunks << CHUNK_BITS)); /* publish */
+    if (helpers > 0 && atomic_load(&sleepers) > 0) {
+        pthread_mutex_lock(&sleep_lock);
+        pthread_cond_broadcast(&sleep_cond);
+        pthread_mutex_unlock(&sleep_lock);
+    }
+    claim_chunks(-1, own);
+    /* Wait for the chunks that helpers claimed and still run (never for one that claimed none). */
+    for (int spins = 0; atomic_load_explicit(&done, memory_order_acquire) < nchunks; spins++) {
+        cpu_relax();
+        if (spins > 2000) sched_yield();
+    }
+    pthread_mutex_unlock(&submit_lock);
+    free(own);
+    return 0;
+}
+
+/* Rows per chunk: a multiple of `unit`, about 16 chunks per thread (fewer claims on the shared
+ * ticket for a large weight, enough to balance when a thread runs late). */
+static int64_t chunk_rows_for(int64_t n, int64_t unit, int threads) {
+    const int64_t want = n / (16 * (int64_t)(threads > 1 ? threads : 1));
+    int64_t rows = want > unit ? want / unit * unit : unit;
+    while ((n + rows - 1) / rows > MAX_CHUNKS) rows *= 2;
+    return rows;
+}
+
 /* ---- Python entry points ------------------------------------------------------------- */
 
 static int check_shape(int qtype, int64_t k, int64_t *block, int64_t *bytes, deq_fn *fn) {
@@ -140,36 +356,23 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     int64_t block, bytes;
     deq_fn fn;
     if (check_shape(qtype, k, &block, &bytes, &fn) != 0) return NULL;
-    const uint8_t *w = (const uint8_t *)(uintptr_t)wp;
-    const float *x = (const float *)(uintptr_t)xp;
-    float *y = (float *)(uintptr_t)yp;
-    const int64_t row_bytes = k / block * bytes;
-    const dot_fn dot = isas[cur_isa].dot;
-    int failed = 0;
+    struct job j = {0};
+    j.fn = fn;
+    j.dot = isas[cur_isa].dot;
+    j.w = (const uint8_t *)(uintptr_t)wp;
+    j.row_bytes = k / block * bytes;
+    j.k = k;
+    j.n = n;
+    j.x = (const float *)(uintptr_t)xp;
+    j.m = m;
+    j.y = (float *)(uintptr_t)yp;
+    /* Chunks of a multiple of 16 rows: a chunk's slice of y is whole cache lines per row of x. */
+    j.chunk_rows = chunk_rows_for(n, 16, threads);
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel num_threads(threads > 0 ? threads : 1)
-    {
-        float *buf = (float *)aligned_alloc(64, (size_t)(4 * k) * sizeof(float));
-        if (buf == NULL) {
-#pragma omp atomic write
-            failed = 1;
-        }
-        /* Rows in chunks of 16 (a chunk's slice of y is one cache line per x row), four
-         * weight rows dequantized at a time into buf (16 KB for k = 1024: L1). */
-#pragma omp for schedule(static)
-        for (int64_t c = 0; c < (n + 15) / 16; c++) {
-            if (buf == NULL) continue;
-            const int64_t end = (c + 1) * 16 < n ? (c + 1) * 16 : n;
-            for (int64_t r = c * 16; r < end; r += 4) {
-                const int64_t nw = end - r < 4 ? end - r : 4;
-                for (int64_t j = 0; j < nw; j++) fn(w + (r + j) * row_bytes, k, buf + j * k);
-                dot(buf, nw, k, x, m, y + r, n);
-            }
-        }
-        free(buf);
-    }
+    rc = run_job(&j, (n + j.chunk_rows - 1) / j.chunk_rows, threads);
     Py_END_ALLOW_THREADS
-    if (failed) return PyErr_NoMemory();
+    if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -184,17 +387,21 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     int64_t block, bytes;
     deq_fn fn;
     if (check_shape(qtype, k, &block, &bytes, &fn) != 0) return NULL;
-    const uint8_t *w = (const uint8_t *)(uintptr_t)wp;
-    const int64_t *rows = (const int64_t *)(uintptr_t)rp;
-    float *out = (float *)(uintptr_t)op;
-    const int64_t row_bytes = k / block * bytes;
+    struct job j = {0};
+    j.dequant = 1;
+    j.fn = fn;
+    j.w = (const uint8_t *)(uintptr_t)wp;
+    j.row_bytes = k / block * bytes;
+    j.k = k;
+    j.n = count;
+    j.rows = (const int64_t *)(uintptr_t)rp;
+    j.y = (float *)(uintptr_t)op;
+    j.chunk_rows = chunk_rows_for(count, 16, threads);
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (count > 8)
-    for (int64_t i = 0; i < count; i++) {
-        const int64_t r = rows != NULL ? rows[i] : i;
-        fn(w + r * row_bytes, k, out + i * k);
-    }
+    rc = run_job(&j, count == 0 ? 0 : (count + j.chunk_rows - 1) / j.chunk_rows, count > 8 ? threads : 1);
     Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
 
@@ -248,5 +455,10 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ggufmm", NULL, -1, 
 PyMODINIT_FUNC PyInit__ggufmm(void) {
     detect_isa();
     init_tables();
+    pthread_atfork(NULL, NULL, pool_after_fork_child);
+    const char *spin = getenv("ASERVE_KERNEL_SPIN_US");
+    if (spin != NULL && *spin != '\0') spin_ns = strtoll(spin, NULL, 10) * 1000;
+    const char *yld = getenv("ASERVE_KERNEL_SPIN_YIELD");
+    if (yld != NULL && *yld != '\0') yield_spin = atoi(yld);
     return PyModule_Create(&module);
 }

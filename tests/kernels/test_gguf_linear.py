@@ -190,3 +190,54 @@ def test_linear_with_bias() -> None:
     x = torch.randn(3, k)
     want = x.double() @ torch.from_numpy(_reference(blocks, "Q8_0")).double().t() + bias.double()
     assert torch.allclose(lin(x).double(), want, rtol=0, atol=1e-4)
+
+
+def _matmul_threads(x: torch.Tensor, blocks: torch.Tensor, qtype: int, k: int, threads: int) -> torch.Tensor:
+    y = torch.empty(x.shape[0], blocks.shape[0])
+    gl.kernel().matmul(qtype, blocks.data_ptr(), blocks.shape[0], k, x.data_ptr(), x.shape[0], y.data_ptr(), threads)  # type: ignore[union-attr]
+    return y
+
+
+@pytest.mark.parametrize("threads", [2, 3, 8])
+def test_thread_pool_gives_the_one_thread_result(threads: int) -> None:
+    # The kernel's own pool (helpers claim chunks of 16 rows; more helpers than cores here):
+    # every output is still one thread's dot product in the same order, so equal bit for bit.
+    k, qtype = 256, gl.QTYPES["Q4_K"]
+    blocks = _random_blocks("Q4_K", 1000, k, seed=5)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(5))
+    one = _matmul_threads(x, blocks, qtype, k, 1)
+    for _ in range(50):  # many calls in a row: each is a new generation of the pool's ticket
+        assert torch.equal(_matmul_threads(x, blocks, qtype, k, threads), one)
+    rows = torch.randint(0, 1000, (300,), generator=torch.Generator().manual_seed(6))
+    out = torch.empty(300, k)
+    gl.kernel().dequantize(qtype, blocks.data_ptr(), k, rows.data_ptr(), 300, out.data_ptr(), threads)  # type: ignore[union-attr]
+    assert torch.equal(out, torch.from_numpy(_reference(blocks, "Q4_K"))[rows])
+
+
+def test_thread_pool_callers_on_several_python_threads() -> None:
+    # The kernel releases the GIL: a second caller while the pool runs a call computes alone.
+    from concurrent.futures import ThreadPoolExecutor
+
+    k, qtype = 96, gl.QTYPES["Q8_0"]
+    blocks = _random_blocks("Q8_0", 4000, k, seed=7)
+    xs = [torch.randn(2, k, generator=torch.Generator().manual_seed(s)) for s in range(8)]
+    want = [_matmul_threads(x, blocks, qtype, k, 1) for x in xs]
+    with ThreadPoolExecutor(4) as ex:
+        for _ in range(5):
+            got = list(ex.map(lambda x: _matmul_threads(x, blocks, qtype, k, 2), xs))
+            assert all(torch.equal(g, w) for g, w in zip(got, want))
+
+
+def test_thread_pool_after_fork() -> None:
+    # A forked child has none of the parent's helper threads; its first call starts its own.
+    import multiprocessing as mp
+
+    k, qtype = 96, gl.QTYPES["Q5_0"]
+    blocks = _random_blocks("Q5_0", 500, k, seed=8)
+    x = torch.randn(2, k, generator=torch.Generator().manual_seed(8))
+    want = _matmul_threads(x, blocks, qtype, k, 1)
+    assert torch.equal(_matmul_threads(x, blocks, qtype, k, 2), want)  # the parent's pool is up
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply(_matmul_threads, (x, blocks, qtype, k, 2))
+    assert torch.equal(got, want)

@@ -1,0 +1,59 @@
+"""Importing aserve sets OpenMP's wait policy to PASSIVE before torch loads its libgomp.
+
+libgomp reads OMP_WAIT_POLICY once, when the library loads (at ``import torch``), so each case
+runs in a fresh interpreter; ``OMP_DISPLAY_ENV=VERBOSE`` makes libgomp print the settings it
+took, GOMP_SPINCOUNT among them: 0 is PASSIVE (idle threads sleep at once), 300000 the
+default (they spin ~3 ms), 30000000000 ACTIVE. That line is libgomp's own, not aserve's
+(one per libgomp loaded: sentencepiece's wheel brings a second one, which reads it too).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _libgomp_settings(code: str, **env: str) -> tuple[str, str]:
+    """(stdout, the GOMP_SPINCOUNT line every libgomp printed) of ``python -c code``,
+    OMP_WAIT_POLICY unset unless given."""
+    base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    r = subprocess.run([sys.executable, "-c", code], env={**base, "OMP_DISPLAY_ENV": "VERBOSE", **env}, cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+    spin = {line.strip() for line in r.stderr.splitlines() if "GOMP_SPINCOUNT" in line}
+    assert len(spin) == 1, r.stderr  # at least one libgomp printed, and all took the same
+    return r.stdout.strip(), spin.pop()
+
+
+def test_import_aserve_makes_torch_openmp_passive() -> None:
+    out, spin = _libgomp_settings("import os, aserve, torch; print(os.environ['OMP_WAIT_POLICY'])")
+    assert out == "PASSIVE"
+    assert spin == "GOMP_SPINCOUNT = '0'"  # libgomp took it: waiting threads sleep
+
+
+def test_the_cli_entry_sets_it_before_torch() -> None:
+    # `aserve ...` runs aserve.cli, a submodule: the package's __init__ runs first.
+    out, spin = _libgomp_settings("import aserve.cli, aserve.engine, os; print(os.environ['OMP_WAIT_POLICY'])")
+    assert (out, spin) == ("PASSIVE", "GOMP_SPINCOUNT = '0'")
+
+
+def test_a_policy_the_user_set_is_kept() -> None:
+    out, spin = _libgomp_settings("import os, aserve, torch; print(os.environ['OMP_WAIT_POLICY'])",
+                                  OMP_WAIT_POLICY="ACTIVE")  # fmt: skip
+    assert out == "ACTIVE"
+    assert spin == "GOMP_SPINCOUNT = '30000000000'"
+
+
+def test_torch_imported_first_is_left_alone_and_reported() -> None:
+    code = (
+        "import os, torch, aserve; from aserve.engine.setup import omp_wait_policy; "
+        "print(aserve.TORCH_IMPORTED_FIRST, 'OMP_WAIT_POLICY' in os.environ, omp_wait_policy(), sep='|')"
+    )
+    out, spin = _libgomp_settings(code)
+    first, in_env, reported = out.splitlines()[-1].split("|")
+    assert (first, in_env) == ("True", "False")
+    assert spin == "GOMP_SPINCOUNT = '300000'"  # libgomp's default, as torch loaded it
+    assert "torch was imported before aserve" in reported
