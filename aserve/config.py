@@ -26,7 +26,8 @@ class EngineConfig:
     device: str | None = None  # "cpu", "cuda", "cuda:1"; None picks CUDA when available
     # "gguf": a GGUF model's quantized weights stay llama.cpp's blocks and run on aserve's CPU
     # kernel (activations and KV float32); "float32" dequantizes them (the reference path).
-    # None: bfloat16 on a GPU; float32 on a CPU.
+    # None: bfloat16 on a GPU; on a CPU "gguf" for a GGUF model (float32 where the kernel was
+    # not built), else float32.
     dtype: Literal["float32", "bfloat16", "float16", "gguf"] | None = None
     overlap: bool = True  # pipeline depth 2 or 3 (overlap_depth); False runs the same code at depth 1
     # Steps planned or in flight but not committed when overlap is on. 2 is SGLang's scheme
@@ -186,7 +187,7 @@ FLAG_HELP: dict[str, str] = {
     "model": "a GGUF file, a Hugging Face checkpoint directory, or a bundled model's name",
     "device": "cpu, cuda or cuda:N (default: cuda when available, else cpu)",
     "dtype": "weights and activations; gguf: keep a GGUF's quantized weights and run them on the CPU kernel "
-    "(default: float32 on a CPU, bfloat16 on a GPU)",
+    "(default: gguf for a GGUF model on a CPU where the kernel is built, else float32 on a CPU; bfloat16 on a GPU)",
     "overlap": "run the scheduler serially (pipeline depth 1); the tokens are the same",
     "overlap_depth": "steps planned or in flight ahead of the commit with overlap on, 2 or 3 "
     "(default: 3 with CUDA graphs, else 2)",

@@ -70,31 +70,35 @@ def omp_wait_policy() -> str:
 
 
 def use_gguf_blocks(cfg: EngineConfig, device: torch.device) -> bool:
-    """Whether the model's quantized weights stay GGUF blocks on aserve's CPU kernel:
-    ``dtype="gguf"`` asks for it (an error where it cannot run).
+    """Whether the model's quantized weights stay GGUF blocks on aserve's CPU kernel.
 
-    Not the CPU default yet, though the quality bar is met (the blocks hold exactly the float32
-    path's weights; docs/benchmarks.md, "Issue 20"): the whole test suite has not run on it.
-    (Its OpenMP threads spin-waiting on a loaded machine is settled: the kernel has its own
-    thread pool, and aserve's import makes torch's threads passive.) Unset ``dtype`` on a CPU
-    stays float32."""
+    ``dtype="gguf"`` asks for it (an error where it cannot run). Unset ``dtype`` on a CPU
+    picks it for a GGUF model: the blocks hold exactly the float32 path's weights (only the
+    summation order differs: docs/benchmarks.md, quality), at a quarter of the bytes per step.
+    Where the kernel was not built (no compiler at install), float32, with a warning."""
     from aserve.kernels.gguf_linear import unavailable_reason
     from aserve.models.loader import resolve_model_path
 
-    if cfg.dtype != "gguf":
+    if cfg.dtype not in ("gguf", None) or device.type != "cpu":
+        if cfg.dtype == "gguf":
+            raise InvalidRequestError(f"dtype 'gguf' runs on a CPU, not on {device}; use bfloat16 or float16 there")
         return False
-    if device.type != "cpu":
-        raise InvalidRequestError(f"dtype 'gguf' runs on a CPU, not on {device}; use bfloat16 or float16 there")
     path = resolve_model_path(cfg.model)
     if path.suffix != ".gguf":
-        raise InvalidRequestError(f"dtype 'gguf' needs a .gguf model, {path} is not one; use float32")
+        if cfg.dtype == "gguf":
+            raise InvalidRequestError(f"dtype 'gguf' needs a .gguf model, {path} is not one; use float32")
+        return False
     why = unavailable_reason()
-    if why is not None:
+    if why is None:
+        return True
+    if cfg.dtype == "gguf":
         raise InvalidRequestError(
             f"dtype 'gguf' needs aserve's CPU kernel, which this install lacks ({why}); "
             "reinstall aserve where a C compiler is available, or use float32"
         )
-    return True
+    log.warning("gguf_kernel_unavailable", reason=why, using="float32 (dequantized weights, 4x the bytes per step)",
+                hint="reinstall aserve where a C compiler is available")  # fmt: skip
+    return False
 
 
 def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:

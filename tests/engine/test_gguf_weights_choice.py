@@ -1,5 +1,5 @@
-"""Which weights the engine runs: float32 on a CPU by default, the GGUF's blocks when asked
-(``dtype="gguf"``), and a clear error where that cannot run."""
+"""Which weights the engine runs: the GGUF's blocks on a CPU by default (where the kernel is
+built), float32 when asked, and a clear error where ``dtype="gguf"`` cannot run."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ CPU = torch.device("cpu")
 
 
 @needs_kernel
-def test_blocks_on_request_float32_by_default() -> None:
-    assert not use_gguf_blocks(EngineConfig(model="gemma-3-270m"), CPU)
+def test_cpu_default_for_a_gguf_is_the_blocks() -> None:
+    assert use_gguf_blocks(EngineConfig(model="gemma-3-270m"), CPU)
     assert use_gguf_blocks(EngineConfig(model="gemma-3-270m", dtype="gguf"), CPU)
     assert not use_gguf_blocks(EngineConfig(model="gemma-3-270m", dtype="float32"), CPU)
     assert EngineConfig(dtype="gguf").torch_dtype == torch.float32  # activations and KV
