@@ -20,17 +20,7 @@ from typing import Any
 import anyio
 
 import aserve
-
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time",
-    "def fibonacci(n):\n    return",
-    "Water boils at a temperature of",
-    "List three primary colors:",
-    "In 1969, the first person to walk on the moon was",
-    "The quick brown fox",
-    "Explain why the sky is blue:",
-]
+from aserve.bench.cpu_bench import PROMPTS  # the same prompts as the CPU benchmark
 
 
 async def measure(dtype: str | None, threads: int | None, new: int, streams: bool) -> dict[str, Any]:

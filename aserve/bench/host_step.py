@@ -51,16 +51,24 @@ class _Tokenizer:
     """The committer reads the tokenizer only for stop strings, which this run has none of."""
 
 
-def bench_batch(batch: int, steps: int, prompt_len: int = 128) -> dict[str, Any]:
+def _host_parts(
+    batch: int, max_context: int, radix_cache: bool
+) -> tuple[KVPool, Scheduler, DecodeGraphs, ModelRunner, Committer]:
+    """The real planner, decode-graph ladder, runner and committer on the CPU, no model."""
     device = torch.device("cpu")
-    max_context = prompt_len + steps + 128
     pool = KVPool(_CFG, num_pages=batch * (max_context // 16 + 2), page_size=16, num_rows=batch,
                   max_context=max_context, dtype=torch.float32, device=device)  # fmt: skip
-    sched = Scheduler(pool, SchedulerConfig(max_running_requests=batch, radix_cache=False, max_num_batched_tokens=8192))
+    sched = Scheduler(pool, SchedulerConfig(max_running_requests=batch, radix_cache=radix_cache,
+                                            max_num_batched_tokens=8192))  # fmt: skip
     fmap = FutureMap(pool.rows.num_rows + 1, device, debug=False)
     graphs = DecodeGraphs(torch.nn.Identity(), pool, fmap, device, batch)
     runner = ModelRunner(torch.nn.Identity(), pool, device, fmap, None, None, decode_graphs=graphs)
     committer = Committer(sched, _Tokenizer(), on_finish=lambda r: None)  # type: ignore[arg-type]
+    return pool, sched, graphs, runner, committer
+
+
+def bench_batch(batch: int, steps: int, prompt_len: int = 128) -> dict[str, Any]:
+    _, sched, graphs, runner, committer = _host_parts(batch, prompt_len + steps + 128, radix_cache=False)
     params = SamplingParams(max_tokens=steps + 64, temperature=0)
     reqs = []
     for i in range(batch):
@@ -125,15 +133,9 @@ def bench_mixed(batch: int, steps: int, seed: int = 4, warmup: int = 100) -> dic
 
     from aserve.device.extend_graphs import ExtendGraphs
 
-    device, rnd, max_context = torch.device("cpu"), random.Random(seed), 2100
-    pool = KVPool(_CFG, num_pages=batch * (max_context // 16 + 2), page_size=16, num_rows=batch,
-                  max_context=max_context, dtype=torch.float32, device=device)  # fmt: skip
-    sched = Scheduler(pool, SchedulerConfig(max_running_requests=batch, radix_cache=True, max_num_batched_tokens=8192))
-    fmap = FutureMap(pool.rows.num_rows + 1, device, debug=False)
-    graphs = DecodeGraphs(torch.nn.Identity(), pool, fmap, device, batch)
-    xgraphs = ExtendGraphs(torch.nn.Identity(), pool, device, 8192, batch, _CFG.vocab_size)
-    runner = ModelRunner(torch.nn.Identity(), pool, device, fmap, None, None, decode_graphs=graphs)
-    committer = Committer(sched, _Tokenizer(), on_finish=lambda r: None)  # type: ignore[arg-type]
+    rnd = random.Random(seed)
+    pool, sched, graphs, runner, committer = _host_parts(batch, 2100, radix_cache=True)
+    xgraphs = ExtendGraphs(torch.nn.Identity(), pool, torch.device("cpu"), 8192, batch, _CFG.vocab_size)
     reqs = []
     for i in range(6 * batch):
         prompt_len, out_len = rnd.randint(128, 1024), rnd.randint(128, 1024)

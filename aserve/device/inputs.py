@@ -241,15 +241,6 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
     return StepInputs(flat, spans, prefix, extend, sampling, plp_top, plp_spans)
 
 
-def _all_greedy_argmax(plan: Plan) -> bool:
-    """Like :func:`_all_plain_greedy`, but a row may be constrained by a grammar: its token is
-    the argmax of its masked logits."""
-    return all(
-        not s.samples or (s.req.params.is_greedy_argmax and s.output_index >= s.req.params.min_tokens)
-        for s in plan.seqs
-    )
-
-
 def _all_plain_greedy(plan: Plan) -> bool:
     """Every token the step samples is the plain argmax (no penalty, bias, logprobs, grammar,
     or stop ids banned under min_tokens); a prompt's non-final chunk samples nothing."""
@@ -294,21 +285,29 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
     generations are built and uploaded, and no sampling tensors at all: the graph's
     argmax is the step's output, or for rows a grammar constrains, the argmax of their
     masked logits (``mask_rows``). None when the step needs the general path."""
-    if graphs is None or any(s.input_ids is not None or s.prefix_slots for s in plan.seqs):
-        return None  # not every sequence decodes
-    if not _all_greedy_argmax(plan):
+    if graphs is None:
         return None
+    mask_rows: list[int] = []
+    for i, s in enumerate(plan.seqs):  # one pass: every sequence decodes (and so samples) greedily
+        params = s.req.params
+        if s.input_ids is not None or s.prefix_slots or not params.is_greedy_argmax:
+            return None
+        if s.output_index < params.min_tokens:
+            return None  # stop ids are banned this step: the sampler must run
+        if s.req.grammar is not None:
+            mask_rows.append(i)
     rows = [s.row for s in plan.seqs]
     positions = [s.prefix_len for s in plan.seqs]
     graph_in = graphs.host_inputs(rows, positions, [s.slots[0] for s in plan.seqs])
     if graph_in is None:
         return None
     fields = {"rows": rows, "gens": [s.generation for s in plan.seqs], "graph_in": graph_in}
-    grammar = [(i, s.req.grammar) for i, s in enumerate(plan.seqs) if s.req.grammar is not None]
-    if grammar:  # every decode samples
-        fields["mask_rows"] = [i for i, _ in grammar]
+    grammar: list[GrammarState] = []
+    if mask_rows:
+        fields["mask_rows"] = mask_rows
+        grammar = [g for i in mask_rows if (g := plan.seqs[i].req.grammar) is not None]
     flat, spans = pack_int64(fields)
-    return StepInputs(flat, spans, positions, [1] * len(rows), None, grammar=[g for _, g in grammar])
+    return StepInputs(flat, spans, positions, [1] * len(rows), None, grammar=grammar)
 
 
 def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tuple[int, int]]]:

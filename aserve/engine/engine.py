@@ -27,6 +27,7 @@ from aserve.device.runner import ModelRunner
 from aserve.device.step import Step
 from aserve.engine.admission import Admission, AdmissionLimits, Prompt
 from aserve.engine.commit import Committer
+from aserve.engine.gc_policy import GC_GEN0_THRESHOLD, hold_for_serving, release_after_serving
 from aserve.engine.recorder import StepRecorder
 from aserve.engine.setup import (
     LoadedEngine,
@@ -53,26 +54,7 @@ from aserve.tokenizer.tokenizer import Tokenizer
 
 log = get_logger("aserve.engine")
 
-# Allocations between collections of the youngest generation while an engine with gc_freeze runs.
-GC_GEN0_THRESHOLD = 50_000
-_gc_raised: list[tuple[int, ...]] = []  # the thresholds before, once per engine that raised them
-
-
-def _raise_gc_threshold() -> None:
-    before = gc.get_threshold()
-    _gc_raised.append(before)
-    gc.set_threshold(max(GC_GEN0_THRESHOLD, before[0]), *before[1:])
-
-
-def _restore_gc_threshold() -> None:
-    """Python's own thresholds again once the last engine that raised them closes."""
-    first = _gc_raised[0]
-    _gc_raised.pop()
-    if not _gc_raised:
-        gc.set_threshold(*first)
-
-
-__all__ = ["Engine", "RequestStream"]
+__all__ = ["GC_GEN0_THRESHOLD", "Engine", "RequestStream"]
 
 
 class Engine:
@@ -180,17 +162,8 @@ class Engine:
         if cfg.warmup:
             await self._warm_up()
         if cfg.use_gc_freeze:
-            # Start-up garbage is collected first, so nothing dead is kept alive by the freeze.
-            gc.collect()
-            gc.freeze()
+            hold_for_serving()  # aserve/engine/gc_policy.py
             self._gc_frozen = True
-            # And the youngest generation is collected every GC_GEN0_THRESHOLD allocations, not
-            # Python's 700: a step of batch 512 allocates ~1,000 tracked objects (its sequence
-            # plans), so the default collected once or more every step (H200, batch 512: 517
-            # gen-0, 47 gen-1 and 3 full collections, 139 ms of pauses over a 2 s run, the full
-            # ones up to 18 ms). Most of a step's objects die by refcount within a few steps, so
-            # fewer collections traverse far fewer objects.
-            _raise_gc_threshold()
 
     async def _warm_up(self) -> None:
         # A greedy and a sampled request in one batch: the first use of the sampler's ops
@@ -243,8 +216,7 @@ class Engine:
         if self._recorder_trace is not None:
             self._recorder_trace.write()
         if self._gc_frozen:
-            gc.unfreeze()  # process-wide: what was frozen is the collector's again
-            _restore_gc_threshold()
+            release_after_serving()
             self._gc_frozen = False
         self._release_device_memory()
 
