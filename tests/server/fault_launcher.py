@@ -5,12 +5,15 @@ FAULT is ``forward`` (the model's forward raises) or ``stall`` (it never returns
 stream's thread blocks, and the step's results never arrive). It fires on the first forward
 whose input holds ``TRIGGER`` at least three times, which only a prompt can do: a decode step
 carries one token per request and the test runs at most two. After a fault the engine's close
-is held ``HOLD_S`` seconds, as a CUDA engine's teardown takes a while, so that the test reads
-the server's answers while the engine closes instead of racing the process's exit.
+is held, as a CUDA engine's teardown takes a while, so that the test reads the server's answers
+while the engine closes instead of racing the process's exit: until the file named by
+``ASERVE_TEST_RELEASE`` exists (the test creates it once it has read them; a fixed hold lost
+that race on a loaded machine), or ``HOLD_S`` seconds without it.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from typing import Any
@@ -19,6 +22,7 @@ import anyio
 
 TRIGGER = 333
 HOLD_S = 4.0
+HOLD_MAX_S = 120.0
 
 
 def plant(fault: str) -> None:
@@ -39,7 +43,13 @@ def plant(fault: str) -> None:
 
     async def aclose(self: Engine) -> None:
         if self.failure is not None:
-            await anyio.sleep(HOLD_S)
+            release = os.environ.get("ASERVE_TEST_RELEASE")
+            if release is None:
+                await anyio.sleep(HOLD_S)
+            else:
+                with anyio.move_on_after(HOLD_MAX_S):
+                    while not os.path.exists(release):  # noqa: ASYNC240 (a test hook, polled)
+                        await anyio.sleep(0.05)
         await real_aclose(self)
 
     CausalLM.forward = forward  # type: ignore[method-assign]

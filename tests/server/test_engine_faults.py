@@ -32,11 +32,13 @@ async def _stream(http: httpx.AsyncClient, started: asyncio.Event) -> list[dict[
     ids=["forward", "stall", "forward-api-workers-2"],
 )  # fmt: skip
 async def test_a_dead_engine_answers_503_and_the_server_exits(
-    tiny_llama: tuple[Path, Any], tmp_path: Path, fault: str, api_workers: str
+    tiny_llama: tuple[Path, Any], tmp_path: Path, fault: str, api_workers: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With front-end processes (the default on CUDA) the core tells every front end of the
     fault at once; they answer 503 ``engine_failed`` while the engine closes, then exit with it."""
     one_process = api_workers == "0"
+    release = tmp_path / "release"  # the planted fault holds the engine's close until this exists
+    monkeypatch.setenv("ASERVE_TEST_RELEASE", str(release))
     srv = ServerProcess("--model", str(tiny_llama[0]), "--served-model-name", NAME, "--watchdog-timeout", "10",
                         "--api-workers", api_workers, log_path=tmp_path / "server.log",
                         module=("tests.server.fault_launcher", fault))  # fmt: skip
@@ -73,6 +75,7 @@ async def test_a_dead_engine_answers_503_and_the_server_exits(
                 if len(answered) == (1 if one_process else 2):
                     break
             assert len(answered) == (1 if one_process else 2), answered
+        release.touch()
         # Then the process ends on its own, non-zero, with the reason on stderr.
         assert await asyncio.to_thread(srv.proc.wait, 60) == 1
         assert "error: the engine failed" in srv.log_tail(20000)
