@@ -63,13 +63,6 @@ def mask_words(vocab_size: int) -> int:
     return (vocab_size + 31) // 32
 
 
-@functools.lru_cache(maxsize=2)
-def _native_tokenizer(llguidance: Any, text: str, vocab_size: int, eos: tuple[int, ...]) -> Any:
-    """One llguidance tokenizer per tokenizer JSON in a process (it is immutable; parsing
-    Gemma's 12 MB takes ~2 s)."""
-    return llguidance.LLTokenizer(text, n_vocab=vocab_size, eos_token=list(eos))
-
-
 class Grammars:
     """The engine's grammar compiler: an llguidance tokenizer and compiled-grammar cache."""
 
@@ -80,84 +73,47 @@ class Grammars:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self.native = False  # llguidance tokenizes natively (no callback into Python)
 
     def _build(self) -> None:
         t0 = time.perf_counter()
         try:
             import llguidance
 
-            self._ll_tokenizer = self._native(llguidance) or self._with_callback(llguidance)
+            tok = self._tokenizer
+            token_bytes = tok.token_bytes()
+            greedy = _GreedyTokenizer(token_bytes)
+
+            # llguidance tokenizes the bytes a grammar forces (a separator after a number, a
+            # closing bracket) while it computes masks: on the H200 host over half the rows of
+            # a JSON-schema step called back here (~16 us each, under the GIL). The strings are
+            # few and repeat, so each is encoded once. They are fragments from the middle of an
+            # output: a tokenizer that prepends its dummy-prefix space (sentencepiece's llama
+            # vocabularies: "-" -> "▁", "-") would force a token the grammar then rejects, so
+            # ids whose bytes are not exactly the fragment's are replaced by a greedy match.
+            @functools.lru_cache(maxsize=4096)
+            def _encode(text: bytes) -> tuple[int, ...]:
+                ids = tok.encode(text.decode("utf-8", errors="replace"))
+                if b"".join(token_bytes[i] for i in ids) == text:
+                    return tuple(ids)
+                return greedy(text)
+
+            special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
+
+            class _Vocab:  # what llguidance.TokenizerWrapper reads
+                eos_token_id = tok.eos_token_ids[0] if tok.eos_token_ids else 0
+                bos_token_id = tok.bos_token_id
+                tokens = token_bytes
+                special_token_ids = special
+
+                def __call__(self, text: bytes) -> list[int]:
+                    return list(_encode(text))
+
+            self._ll_tokenizer = llguidance.LLTokenizer(
+                llguidance.TokenizerWrapper(_Vocab()), n_vocab=self.vocab_size, eos_token=list(tok.eos_token_ids)
+            )
         except Exception as exc:  # reported to every request that needs it
             self._error = exc
-        log.info(
-            "grammar_tokenizer_built", seconds=round(time.perf_counter() - t0, 3), native=self.native, error=self._error
-        )
-
-    def _native(self, llguidance: Any) -> Any:
-        """llguidance's tokenizer over the tokenizer's ``tokenizers`` JSON, tokenizing in native
-        code; None (the callback form is used) where there is no such JSON or it fails a check.
-
-        With a Python callback, llguidance calls back under the GIL for the bytes a grammar
-        forces while it computes masks (over half the rows of a JSON-schema step on the H200
-        host): masks could not be computed on several threads at once. Natively they can."""
-        tok = self._tokenizer
-        try:
-            text = tok.tokenizers_json()
-            if text is None:
-                return None
-            ll = _native_tokenizer(llguidance, text, self.vocab_size, tuple(tok.eos_token_ids))
-            # The same alphabet as the callback form (special tokens aside, which llguidance
-            # spells after a 0xFF marker, so a byte token 0xFF reads as one in both forms), and
-            # fragments come back as exactly their bytes (no dummy-prefix space): else the
-            # callback form.
-            token_bytes = tok.token_bytes()
-            plain = [i for i in range(tok.vocab_size) if not tok.is_special(i) and token_bytes[i][:1] != b"\xff"]
-            if ll.decode_bytes(plain) != b"".join(token_bytes[i] for i in plain):
-                raise ValueError("its token bytes differ from the tokenizer's")
-            for fragment in (b"-", b", ", b'"', b"1", b"\n", b"}", b" {"):
-                if ll.decode_bytes(ll.tokenize_bytes(fragment)) != fragment:
-                    raise ValueError(f"it tokenizes {fragment!r} to other bytes")
-        except Exception as exc:
-            log.info("grammar_tokenizer_callback", reason=f"no native tokenizer: {exc!r}")
-            return None
-        self.native = True
-        return ll
-
-    def _with_callback(self, llguidance: Any) -> Any:
-        """llguidance's tokenizer over ``token_bytes``, calling back into Python to tokenize."""
-        tok = self._tokenizer
-        token_bytes = tok.token_bytes()
-        greedy = _GreedyTokenizer(token_bytes)
-
-        # llguidance tokenizes the bytes a grammar forces (a separator after a number, a
-        # closing bracket) while it computes masks: on the H200 host over half the rows of
-        # a JSON-schema step called back here (~16 us each, under the GIL). The strings are
-        # few and repeat, so each is encoded once. They are fragments from the middle of an
-        # output: a tokenizer that prepends its dummy-prefix space (sentencepiece's llama
-        # vocabularies: "-" -> "▁", "-") would force a token the grammar then rejects, so
-        # ids whose bytes are not exactly the fragment's are replaced by a greedy match.
-        @functools.lru_cache(maxsize=4096)
-        def _encode(text: bytes) -> tuple[int, ...]:
-            ids = tok.encode(text.decode("utf-8", errors="replace"))
-            if b"".join(token_bytes[i] for i in ids) == text:
-                return tuple(ids)
-            return greedy(text)
-
-        special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
-
-        class _Vocab:  # what llguidance.TokenizerWrapper reads
-            eos_token_id = tok.eos_token_ids[0] if tok.eos_token_ids else 0
-            bos_token_id = tok.bos_token_id
-            tokens = token_bytes
-            special_token_ids = special
-
-            def __call__(self, text: bytes) -> list[int]:
-                return list(_encode(text))
-
-        return llguidance.LLTokenizer(
-            llguidance.TokenizerWrapper(_Vocab()), n_vocab=self.vocab_size, eos_token=list(tok.eos_token_ids)
-        )
+        log.info("grammar_tokenizer_built", seconds=round(time.perf_counter() - t0, 3), error=self._error)
 
     def _ll(self) -> Any:
         with self._lock:
@@ -289,36 +245,29 @@ def _fill_rows(states: Sequence[GrammarState], first: int, stop: int, base: int,
 
 
 class MaskFiller:
-    """Fills a step's masks on the calling thread (``serial``, the default), over
-    ``threads:N`` Python threads (the caller's included, at least ``min_rows_per_thread`` rows
-    each: a thread's wake-up costs more than a row), or on ``executor:N``, llguidance's own pool
-    of N native threads, which fills every row in one call without the GIL.
-    ``ASERVE_MASK_FILL`` picks one.
+    """Fills a step's masks on the calling thread (``serial``, the default) or over
+    ``threads:N`` threads, the caller's included, at least ``min_rows_per_thread`` rows each
+    (a thread's wake-up costs more than a row). ``ASERVE_MASK_FILL`` picks one.
 
     Serial is the default because it measured best on the H200 (docs/benchmarks.md, "The host
     step again ... issue 16"), with the greedy graph path too: 0.50x / 0.38x the free run at
-    batch 64 / 256, against 0.53x / 0.30x on 2 threads and 0.41x / 0.23x on 4. Those runs
-    tokenized through a Python callback, which llguidance calls under the GIL while it
-    computes masks; with a native tokenizer (``Grammars.native``) see the executor rows there."""
+    batch 64 / 256, against 0.53x / 0.30x on 2 threads and 0.41x / 0.23x on 4, although the
+    binding drops the GIL around each mask; llguidance's own executor measured worse as well."""
 
     def __init__(self, spec: str | None = None, min_rows_per_thread: int = 16) -> None:
         spec = spec if spec is not None else os.environ.get("ASERVE_MASK_FILL", "")
         kind, _, n = spec.partition(":")
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         self.kind = kind or "serial"
-        if self.kind not in ("threads", "serial", "executor"):
-            raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (serial, threads:N or executor:N)")
+        if self.kind not in ("threads", "serial"):
+            raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (serial or threads:N)")
         self.threads = 1 if self.kind == "serial" else max(1, int(n) if n else min(4, cpus - 1))
         self.min_rows = min_rows_per_thread
         self._pool: ThreadPoolExecutor | None = None
-        self._executor: Any = None
         self._lock = threading.Lock()
 
     def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
         rows = len(states)
-        if self.kind == "executor" and rows > 1:
-            self._fill_native(states, base, row_bytes)
-            return
         parts = min(self.threads, rows // self.min_rows) if self.threads > 1 else 1
         if parts <= 1:
             _fill_rows(states, 0, rows, base, row_bytes)
@@ -331,25 +280,6 @@ class MaskFiller:
             _fill_rows(states, 0, bounds[1], base, row_bytes)
             for f in futures:
                 f.result()
-
-    def _fill_native(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
-        live = []
-        for i, st in enumerate(states):
-            m = st.matcher
-            if m.is_stopped() or m.is_error():
-                ctypes.memset(base + i * row_bytes, 0xFF, row_bytes)
-            else:
-                live.append((m, i))
-        if live:
-            self._native_pool().unsafe_compute_mask_ptr(live, base, row_bytes, len(states))
-
-    def _native_pool(self) -> Any:
-        with self._lock:
-            if self._executor is None:
-                import llguidance
-
-                self._executor = llguidance.LLExecutor(self.threads)
-            return self._executor
 
     def _threads(self) -> ThreadPoolExecutor:
         with self._lock:

@@ -109,11 +109,6 @@ class Tokenizer(ABC):
         """Every id's bytes as they appear in decoded text (what a grammar engine matches
         against); special tokens keep their text (``is_special`` tells them apart)."""
 
-    def tokenizers_json(self) -> str | None:
-        """The tokenizer as a Hugging Face ``tokenizers`` JSON document, for engines that
-        tokenize in native code (the grammar engine); None where there is no such form."""
-        return None
-
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids for ``text``; ``add_special_tokens`` adds BOS (and EOS) where the model wants them.

@@ -58,9 +58,6 @@ class FastTokenizer(Tokenizer):
     def backend(self) -> tokenizers.Tokenizer:
         return self._tok
 
-    def tokenizers_json(self) -> str | None:
-        return str(self._tok.to_str())
-
     @property
     def vocab_size(self) -> int:
         return self._size

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import sentencepiece as spm
 
 from aserve.tokenizer.base import ChatTemplate, Tokenizer
-from aserve.tokenizer.gguf_proto import BYTE, CONTROL, UNKNOWN, USER_DEFINED, ModelProto, sp_pb2
+from aserve.tokenizer.gguf_proto import CONTROL, UNKNOWN, USER_DEFINED, ModelProto, sp_pb2
 
 
 class SentencePieceTokenizer(Tokenizer):
@@ -25,9 +25,6 @@ class SentencePieceTokenizer(Tokenizer):
     ) -> None:
         proto = sp_pb2.ModelProto.FromString(proto.SerializeToString())
         self._pieces = [p.piece for p in proto.pieces]
-        self._scores = [p.score for p in proto.pieces]
-        self._types = [int(p.type) for p in proto.pieces]  # before control pieces turn user-defined below
-        self._bpe = proto.trainer_spec.model_type == sp_pb2.TrainerSpec.BPE
         self._piece_ids: dict[str, int] | None = None
         special: set[int] = set()
         unk_id: int | None = None
@@ -74,18 +71,6 @@ class SentencePieceTokenizer(Tokenizer):
             bytes([int(p[3:5], 16)]) if self._sp.IsByte(i) else p.replace("\u2581", " ").encode()
             for i, p in enumerate(self._pieces)
         ]
-
-    def tokenizers_json(self) -> str | None:
-        # A BPE model with byte fallback (Gemma, Llama 2): its merges from the scores. The
-        # dummy-prefix space is left out on purpose: the grammar engine tokenizes fragments
-        # from the middle of an output.
-        if not self._bpe or BYTE not in self._types:
-            return None
-        from aserve.tokenizer.spm_json import spm_bpe_to_json
-
-        return spm_bpe_to_json(
-            tuple(self._pieces), tuple(self._scores), tuple(self._types), self._special, self._unk_id
-        )
 
     # ---- encode / decode ----------------------------------------------------------------
 

@@ -1,5 +1,4 @@
-"""The grammar masks of a finished matcher, the greedy fallback for forced bytes, the native
-tokenizer against the callback one, and the fill strategies against each other
+"""The grammar masks of a finished matcher, and the greedy fallback for forced bytes
 (aserve/sampling/grammar.py)."""
 
 from __future__ import annotations
@@ -60,58 +59,8 @@ def test_parallel_fill_equals_serial(grammars: Grammars) -> None:
     states.insert(5, done)
     serial = fill_masks(states)
     words = serial.shape[1]
-    for spec in ("threads:3", "executor:3"):
-        parallel = torch.zeros_like(serial)
-        MaskFiller(spec, min_rows_per_thread=1).fill(states, parallel.data_ptr(), words * 4)
-        assert torch.equal(parallel, serial), spec
-        assert bool((parallel[5] == -1).all())
+    parallel = torch.zeros_like(serial)
+    MaskFiller("threads:3", min_rows_per_thread=1).fill(states, parallel.data_ptr(), words * 4)
+    assert torch.equal(parallel, serial)
+    assert bool((parallel[5] == -1).all())
     assert len({tuple(r.tolist()[:64]) for r in serial}) > 3, "the rows should differ"
-
-
-def test_the_native_tokenizer_gives_the_callback_forms_masks(grammars: Grammars) -> None:
-    """The default model's grammar tokenizer is native (its sentencepiece vocabulary as a
-    ``tokenizers`` JSON); along seeded random walks through five grammars it allows exactly
-    what the callback form (llguidance calling our sentencepiece tokenizer) allows, step by step."""
-    import random
-
-    import llguidance
-    import torch
-
-    from aserve.sampling.grammar import GrammarState, _grammar_text, allowed_tokens
-
-    assert grammars._ll() is not None and grammars.native
-    callback = grammars._with_callback(llguidance)
-    record = {
-        "type": "object",
-        "properties": {
-            "name": {"type": "string"},
-            "tags": {"type": "array", "items": {"enum": ["a b", "c-d"]}},
-            "score": {"type": "number", "minimum": -5, "maximum": 5},
-        },
-        "required": ["name", "tags", "score"],
-    }
-    specs = [
-        StructuredOutputs(json={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}}),
-        StructuredOutputs(json=record),
-        StructuredOutputs(regex=r"(\d{3}-\d{4}|[A-Z][a-z]+ [A-Z][a-z]+)"),
-        StructuredOutputs(json_object=True),
-        StructuredOutputs(choice=("yes please", "no thanks", "maybe")),
-    ]
-    rng = random.Random(0)
-    steps = 0
-    for spec in specs:
-        text = _grammar_text(spec)
-        for _ in range(3):
-            native = GrammarState(llguidance.LLMatcher(grammars._ll(), text, log_level=0), grammars.vocab_size)
-            called = GrammarState(llguidance.LLMatcher(callback, text, log_level=0), grammars.vocab_size)
-            for _ in range(40):
-                assert native.done == called.done
-                if native.done:
-                    break
-                a, b = fill_masks([native]), fill_masks([called])
-                assert torch.equal(a, b), (spec, steps)
-                allowed = allowed_tokens(a, grammars.vocab_size)[0].nonzero().flatten()
-                token = int(allowed[rng.randrange(len(allowed))])
-                assert native.advance(token) and called.advance(token)
-                steps += 1
-    assert steps > 200
