@@ -73,6 +73,7 @@ class Grammars:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self.masks = MaskCache()  # this vocabulary's masks by grammar and committed prefix
 
     def _build(self) -> None:
         t0 = time.perf_counter()
@@ -127,7 +128,7 @@ class Grammars:
 
     def state(self, spec: StructuredOutputs) -> GrammarState:
         """A fresh request's state for ``spec``, or :class:`InvalidRequestError`."""
-        return GrammarState(self.matcher(spec), self.vocab_size)
+        return GrammarState(self.matcher(spec), self.vocab_size, self.masks, spec.key)
 
     def matcher(self, spec: StructuredOutputs) -> Any:
         """A fresh ``llguidance.LLMatcher`` for ``spec``, or :class:`InvalidRequestError`."""
@@ -198,16 +199,31 @@ class _GreedyTokenizer:
 class GrammarState:
     """One constrained request's matcher. Owned by the event loop: the committer advances it
     (so it always reflects committed tokens), and the launch path reads its mask, on the
-    loop's thread or on a :class:`MaskFiller` thread while the loop waits for that fill."""
+    loop's thread or on a :class:`MaskFiller` thread while the loop waits for that fill.
 
-    __slots__ = ("matcher", "vocab_size")
+    While the output is at most :data:`MASK_CACHE_PREFIX` tokens long, ``prefix`` holds it:
+    a matcher's state is a function of its grammar and the tokens it consumed, so its mask can
+    be looked up in ``cache`` by ``(key, prefix)`` instead of computed."""
 
-    def __init__(self, matcher: Any, vocab_size: int) -> None:
+    __slots__ = ("cache", "key", "matcher", "prefix", "vocab_size")
+
+    def __init__(
+        self, matcher: Any, vocab_size: int, cache: MaskCache | None = None, key: tuple[str, str] | None = None
+    ) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
+        self.cache = cache
+        self.key = key
+        self.prefix: list[int] | None = [] if cache is not None and key is not None else None
 
     def advance(self, token: int) -> bool:
         """Consume a committed token; False if the grammar did not allow it."""
+        prefix = self.prefix
+        if prefix is not None:
+            if len(prefix) < MASK_CACHE_PREFIX:
+                prefix.append(token)
+            else:
+                self.prefix = None
         return bool(self.matcher.consume_token(token))
 
     @property
@@ -218,6 +234,57 @@ class GrammarState:
     @property
     def error(self) -> str:
         return str(self.matcher.get_error())
+
+
+# Outputs up to this many tokens long have their masks cached (a JSON schema's opening keys,
+# an enum, a choice: the first tokens of most constrained outputs are the same).
+MASK_CACHE_PREFIX = 16
+
+
+class MaskCache:
+    """Masks by ``(grammar key, committed tokens)``, least recently stored dropped first.
+
+    The first steps of requests that share a schema are often identical (the grammar forces
+    ``{"name": "``; every enum output starts from the same state), and a mask costs 13-20 us
+    to compute on the H200 host against ~2 us to copy (docs/benchmarks.md, "Mask fill
+    without the GIL"): more cores did not make computing masks faster there."""
+
+    def __init__(self, entries: int = 512, sightings: int = 16384) -> None:
+        self.entries = entries
+        self._masks: OrderedDict[tuple[Any, ...], bytes] = OrderedDict()
+        # A state's mask is stored the second time the state is met: outputs that part ways
+        # at once (numbers, free text) then cost one dict update a row, not a 32 KiB copy.
+        self._seen: dict[tuple[Any, ...], int] = {}
+        self._sightings = sightings
+        self._lock = threading.Lock()  # a threads:N fill stores from several threads
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, key: tuple[Any, ...]) -> bytes | None:
+        mask = self._masks.get(key)
+        if mask is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return mask
+
+    def met_again(self, key: tuple[Any, ...]) -> bool:
+        """Count a miss on ``key``; True from the second one on (then store its mask)."""
+        seen = self._seen
+        if len(seen) >= self._sightings:
+            seen.clear()
+        n = seen.get(key, 0) + 1
+        seen[key] = n
+        return n > 1
+
+    def put(self, key: tuple[Any, ...], mask: bytes) -> None:
+        with self._lock:
+            self._masks[key] = mask
+            if len(self._masks) > self.entries:
+                self._masks.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._masks)
 
 
 def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) -> torch.Tensor:
@@ -237,11 +304,24 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
 
 def _fill_rows(states: Sequence[GrammarState], first: int, stop: int, base: int, row_bytes: int) -> None:
     for i in range(first, stop):
-        m = states[i].matcher
+        st = states[i]
+        m = st.matcher
+        dst = base + i * row_bytes
         if m.is_stopped() or m.is_error():
-            ctypes.memset(base + i * row_bytes, 0xFF, row_bytes)
+            ctypes.memset(dst, 0xFF, row_bytes)
+            continue
+        prefix, cache = st.prefix, st.cache
+        if prefix is None or cache is None:
+            m.unsafe_compute_mask_ptr(dst, row_bytes)
+            continue
+        key = (st.key, *prefix)
+        mask = cache.get(key)
+        if mask is not None:
+            ctypes.memmove(dst, mask, row_bytes)
         else:
-            m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
+            m.unsafe_compute_mask_ptr(dst, row_bytes)
+            if cache.met_again(key):
+                cache.put(key, ctypes.string_at(dst, row_bytes))
 
 
 class MaskFiller:

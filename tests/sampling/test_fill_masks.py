@@ -64,3 +64,52 @@ def test_parallel_fill_equals_serial(grammars: Grammars) -> None:
     assert torch.equal(parallel, serial)
     assert bool((parallel[5] == -1).all())
     assert len({tuple(r.tolist()[:64]) for r in serial}) > 3, "the rows should differ"
+
+
+def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> None:
+    """Rows of one schema that committed the same tokens take the mask from the cache; along
+    two seeded random walks (three rows each, past the cached prefix length) every row's mask
+    equals what a cache-less matcher in the same state computes."""
+    import random
+
+    import torch
+
+    from aserve.sampling.grammar import MASK_CACHE_PREFIX, GrammarState, allowed_tokens
+
+    spec = StructuredOutputs(
+        json={
+            "type": "object",
+            "properties": {
+                "city": {"enum": ["Paris", "Rome", "Oslo"]},
+                "pop": {"type": "array", "items": {"type": "integer"}, "minItems": 12},
+            },
+            "required": ["city", "pop"],
+        }
+    )
+    cache = grammars.masks
+    hits0 = cache.hits
+    rows = [grammars.state(spec) for _ in range(6)]
+    plain = [GrammarState(grammars.matcher(spec), grammars.vocab_size) for _ in range(6)]
+    assert all(r.prefix == [] for r in rows) and all(p.prefix is None for p in plain)
+    rng = [random.Random(1), random.Random(2)]
+    steps = 0
+    for _ in range(MASK_CACHE_PREFIX + 6):
+        live = [i for i in range(6) if not rows[i].done]
+        if not live:
+            break
+        got = fill_masks([rows[i] for i in live])
+        want = fill_masks([plain[i] for i in live])
+        assert torch.equal(got, want), steps
+        allowed = allowed_tokens(got, grammars.vocab_size)
+        picks = {}
+        for k, i in enumerate(live):
+            walk = i // 3  # rows 0-2 follow one walk, rows 3-5 the other
+            if walk not in picks:
+                ids = allowed[k].nonzero().flatten()
+                picks[walk] = int(ids[rng[walk].randrange(len(ids))])
+            assert rows[i].advance(picks[walk]) and plain[i].advance(picks[walk])
+        steps += 1
+    assert steps > MASK_CACHE_PREFIX, steps  # the walks ran past the cached prefix length
+    assert all(r.prefix is None for r in rows if not r.done)
+    # Per step and walk: the first row computes, the second computes and stores, the third hits.
+    assert cache.hits - hits0 >= 2 * MASK_CACHE_PREFIX, (cache.hits, hits0)
