@@ -37,6 +37,28 @@ def _needs_key(path: str) -> bool:
     return path.startswith(("/v1/", "/admin/")) or path in ("/tokenize", "/detokenize")
 
 
+async def _discard_body(receive: Receive, limits: BodyLimits) -> bool:
+    """Read and drop the body of a request answered without it (a 401), so that its keep-alive
+    connection can carry the next request; False past the body's size or time limit, or when
+    the client left (the connection is then closed after the answer).
+
+    Answered with its body unread, the connection was closed by Hypercorn or not depending on
+    whether the body had arrived yet, and a client that reused it at once met a disconnect
+    instead of an answer to its next request (tests/server/test_server.py)."""
+    size = 0
+    with anyio.move_on_after(limits.timeout_s):
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return False
+            size += len(message.get("body", b""))
+            if size > limits.max_bytes:
+                return False
+            if not message.get("more_body", False):
+                return True
+    return False
+
+
 class RequestContext:
     """Request id, structured access log, Bearer auth for /v1, and request outcome counts."""
 
@@ -71,6 +93,8 @@ class RequestContext:
                 if _needs_key(path) and not self._authorized(Headers(scope=scope)):
                     resp = error_response(401, "invalid or missing API key", "authentication_error")
                     resp.headers["WWW-Authenticate"] = "Bearer"
+                    if not await _discard_body(receive, self.settings.body):
+                        resp.headers["Connection"] = "close"  # the rest of the body is unread
                     await resp(scope, receive, send_with_id)
                 else:
                     await self.app(scope, receive, send_with_id)

@@ -60,17 +60,28 @@ async def read_body(request: Request, limits: BodyLimits) -> bytes:
     (also the Ray ingress's, which must read a body before it can route it)."""
     limit = limits.max_bytes
     declared = request.headers.get("content-length", "")
+    # Answered with the body unread, the connection is not reused: the client is told so.
+    close = {"Connection": "close"}
     if declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"request body is {declared} bytes; the limit is {limit}", "invalid_request_error")
+        raise APIError(
+            413, f"request body is {declared} bytes; the limit is {limit}", "invalid_request_error", headers=close
+        )
     body = bytearray()
     with anyio.move_on_after(limits.timeout_s) as arrival:
         async for chunk in request.stream():
             body += chunk
             if len(body) > limit:  # a chunked body has no Content-Length to check up front
-                raise APIError(413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error")
+                raise APIError(
+                    413, f"request body exceeds the limit of {limit} bytes", "invalid_request_error", headers=close
+                )
     if arrival.cancelled_caught:
         # The body was not read to its end, so the connection cannot be reused: Hypercorn closes it.
-        raise APIError(408, f"the request body did not arrive within {limits.timeout_s:g} s", "invalid_request_error")
+        raise APIError(
+            408,
+            f"the request body did not arrive within {limits.timeout_s:g} s",
+            "invalid_request_error",
+            headers=close,
+        )
     return bytes(body)
 
 

@@ -284,6 +284,25 @@ def test_structured_outputs_through_the_openai_client(client: openai.OpenAI) -> 
         assert info.value.body["param"] == param, info.value.body  # type: ignore[index]
 
 
+async def test_a_401_keeps_its_connection_usable(server: ServerProcess) -> None:
+    """A request refused for its key, body and all, leaves its keep-alive connection able to
+    carry the next one (one connection in the pool, so every request reuses it); a 413, whose
+    body is not read, says ``Connection: close``."""
+    body = json.dumps({"model": MODEL, "prompt": "x" * 2000}).encode()
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=60, limits=limits) as http:
+        for _ in range(30):
+            r = await http.post("/v1/completions", content=body,
+                                headers={"Authorization": "Bearer nope", "Content-Type": "application/json"})  # fmt: skip
+            assert r.status_code == 401, r.text
+            assert "close" not in r.headers.get("connection", "")
+            assert (await http.get("/v1/models", headers=AUTH)).status_code == 200
+        big = json.dumps({"model": MODEL, "prompt": "x" * 70000}).encode()
+        r = await http.post("/v1/completions", content=big, headers={**AUTH, "Content-Type": "application/json"})
+        assert r.status_code == 413 and r.headers.get("connection") == "close", (r.status_code, r.headers)
+        assert (await http.get("/v1/models", headers=AUTH)).status_code == 200
+
+
 async def test_malformed_requests_while_streaming(server: ServerProcess) -> None:
     async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
         streams = [asyncio.create_task(_stream(http, _body(12, temperature=0))) for _ in range(4)]
