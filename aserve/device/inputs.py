@@ -288,24 +288,24 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
     if graphs is None:
         return None
     mask_rows: list[int] = []
+    grammar: list[GrammarState] = []
     for i, s in enumerate(plan.seqs):  # one pass: every sequence decodes (and so samples) greedily
         params = s.req.params
         if s.input_ids is not None or s.prefix_slots or not params.is_greedy_argmax:
             return None
         if s.output_index < params.min_tokens:
             return None  # stop ids are banned this step: the sampler must run
-        if s.req.grammar is not None:
+        if (g := s.req.grammar) is not None:
             mask_rows.append(i)
+            grammar.append(g)
     rows = [s.row for s in plan.seqs]
     positions = [s.prefix_len for s in plan.seqs]
     graph_in = graphs.host_inputs(rows, positions, [s.slots[0] for s in plan.seqs])
     if graph_in is None:
         return None
     fields = {"rows": rows, "gens": [s.generation for s in plan.seqs], "graph_in": graph_in}
-    grammar: list[GrammarState] = []
     if mask_rows:
         fields["mask_rows"] = mask_rows
-        grammar = [g for i in mask_rows if (g := plan.seqs[i].req.grammar) is not None]
     flat, spans = pack_int64(fields)
     return StepInputs(flat, spans, positions, [1] * len(rows), None, grammar=grammar)
 

@@ -18,13 +18,14 @@ import anyio
 import structlog
 from starlette.applications import Starlette
 from starlette.datastructures import Headers, MutableHeaders
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aserve.config import EngineConfig
 from aserve.logs import get_logger
-from aserve.server.errors import error_response, exception_handlers
+from aserve.server.errors import APIError, error_response, exception_handlers
 from aserve.server.limits import DEFAULT_BODY_LIMITS, BodyLimits
-from aserve.server.routes import routes
+from aserve.server.routes import read_body, routes
 from aserve.server.state import ServerSettings, ServerState
 
 log = get_logger("aserve.server")
@@ -37,26 +38,19 @@ def _needs_key(path: str) -> bool:
     return path.startswith(("/v1/", "/admin/")) or path in ("/tokenize", "/detokenize")
 
 
-async def _discard_body(receive: Receive, limits: BodyLimits) -> bool:
+async def _discard_body(scope: Scope, receive: Receive, limits: BodyLimits) -> bool:
     """Read and drop the body of a request answered without it (a 401), so that its keep-alive
-    connection can carry the next request; False past the body's size or time limit, or when
-    the client left (the connection is then closed after the answer).
+    connection can carry the next request; False past the body's limits (``read_body``'s
+    413 / 408) or when the client left (the connection is then closed after the answer).
 
     Answered with its body unread, the connection was closed by Hypercorn or not depending on
     whether the body had arrived yet, and a client that reused it at once met a disconnect
     instead of an answer to its next request (tests/server/test_server.py)."""
-    size = 0
-    with anyio.move_on_after(limits.timeout_s):
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return False
-            size += len(message.get("body", b""))
-            if size > limits.max_bytes:
-                return False
-            if not message.get("more_body", False):
-                return True
-    return False
+    try:
+        await read_body(Request(scope, receive), limits)
+    except (APIError, ClientDisconnect):
+        return False
+    return True
 
 
 class RequestContext:
@@ -93,7 +87,7 @@ class RequestContext:
                 if _needs_key(path) and not self._authorized(Headers(scope=scope)):
                     resp = error_response(401, "invalid or missing API key", "authentication_error")
                     resp.headers["WWW-Authenticate"] = "Bearer"
-                    if not await _discard_body(receive, self.settings.body):
+                    if not await _discard_body(scope, receive, self.settings.body):
                         resp.headers["Connection"] = "close"  # the rest of the body is unread
                     await resp(scope, receive, send_with_id)
                 else:
