@@ -9,15 +9,17 @@ from pydantic.json_schema import JsonSchemaMode, models_json_schema
 
 from aserve.server.protocol import (
     ChatCompletionRequest,
-    ChatCompletionResponse,
     CompletionRequest,
-    CompletionResponse,
     DetokenizeRequest,
+    TokenizeChatRequest,
+    TokenizeCompletionRequest,
+)
+from aserve.server.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
     DetokenizeResponse,
     ErrorResponse,
     ModelList,
-    TokenizeChatRequest,
-    TokenizeCompletionRequest,
     TokenizeResponse,
 )
 

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from aserve.outputs import CompletionResult, Delta, TokenLogprob, Usage
-from aserve.server.protocol import (
+from aserve.server.responses import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletionChunk,

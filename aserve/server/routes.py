@@ -28,12 +28,8 @@ from aserve.server.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
-    DetokenizeResponse,
-    ModelCard,
-    ModelList,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
-    TokenizeResponse,
 )
 from aserve.server.render import (
     ChatChunks,
@@ -41,6 +37,12 @@ from aserve.server.render import (
     Echo,
     chat_response,
     completion_response,
+)
+from aserve.server.responses import (
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeResponse,
 )
 from aserve.server.sse import SSEResponse, stream_events
 from aserve.server.state import ServerState
