@@ -22,6 +22,9 @@ the reference path.
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -61,9 +64,9 @@ def _attend_block(
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, Table, Rows, SeqLens, MidO, MidLse,
+    Q, K, V, Table, Rows, SeqLens, MidO, MidLse, Out,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tr,
-    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh,
+    stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
     scale, window,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
     HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr,
@@ -97,11 +100,15 @@ def _decode_split_kernel(
             stride_ks, stride_kh, stride_vs, stride_vh, stride_tr, scale, PRECISION,
         )  # fmt: skip
     empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, _NEG, m_i + tl.log(tl.where(empty, 1.0, l_i)))
-    o_ptrs = MidO + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + d[None, :]
-    tl.store(o_ptrs, out, mask=g_mask[:, None])
-    tl.store(MidLse + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+    out = acc / tl.where(empty, 1.0, l_i)[:, None]  # an empty sequence: zeros
+    if NUM_SPLITS == 1:  # the whole context in one program: the output itself, no merge
+        o_ptrs = Out + b * stride_ot + heads[:, None] * stride_oh + d[None, :]
+        tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=g_mask[:, None])
+    else:
+        lse = tl.where(empty, _NEG, m_i + tl.log(tl.where(empty, 1.0, l_i)))
+        o_ptrs = MidO + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + d[None, :]
+        tl.store(o_ptrs, out, mask=g_mask[:, None])
+        tl.store(MidLse + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
 
 
 @triton.jit
@@ -188,9 +195,42 @@ def _precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """The split-K decode kernel's launch parameters. ``splits`` 0: ``num_decode_splits``."""
+
+    block_n: int = 32
+    num_warps: int = 4
+    num_stages: int = 3
+    splits: int = 0
+
+
+def decode_launch() -> DecodeLaunch:
+    """The decode kernel's launch parameters: the defaults, or ``ASERVE_DECODE_LAUNCH`` =
+    ``block_n,num_warps,num_stages`` (for benchmarks; read once per process).
+
+    A sweep at batch 256, context 1024 on an H200 (``python -m aserve.bench.decode_kernels``)
+    put 64 keys a block with two stages 10% ahead for Llama 3.2 1B's 64-wide heads in
+    isolation; in the whole decode step (graph replays, the same call) it was on par there
+    (4.26 against 4.29 / 4.30 ms) and far behind on Gemma 3 270M's 256-wide heads (2.25
+    against 1.64 / 1.65 ms): the defaults stay."""
+    return _DECODE_LAUNCH
+
+
+def _decode_launch_from_env() -> DecodeLaunch:
+    spec = os.environ.get("ASERVE_DECODE_LAUNCH")
+    if not spec:
+        return DecodeLaunch()
+    block_n, num_warps, num_stages = (int(x) for x in spec.split(","))
+    return DecodeLaunch(block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+
+
+_DECODE_LAUNCH = _decode_launch_from_env()
+
+
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
             seq_lens: torch.Tensor, bound: int, scale: float, window: int | None,
-            out: torch.Tensor) -> torch.Tensor:  # fmt: skip
+            out: torch.Tensor, launch: DecodeLaunch | None = None) -> torch.Tensor:  # fmt: skip
     """Single-token queries: q[b] (b < len(rows)) attends to the first ``seq_lens[b]`` keys of
     table row ``rows[b]`` (0: none, a zero output) and is written to ``out[b]``. ``bound``: the
     longest any sequence may be (the split count follows it, so a graph's grid is fixed)."""
@@ -198,17 +238,22 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     t = rows.shape[0]
     hkv = k_cache.shape[1]
     group = h // hkv
-    splits = num_decode_splits(t, hkv, bound)
-    mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device)
+    cfg = launch or decode_launch()
+    splits = cfg.splits or num_decode_splits(t, hkv, bound)
+    # One split: the kernel writes ``out``; more: partial outputs merged by a second kernel.
+    mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device) if splits > 1 else out
+    mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device) if splits > 1 else out
     _decode_split_kernel[(t, hkv, splits)](
-        q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse,
+        q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        scale, window or 0,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=32, NUM_SPLITS=splits,
-        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype),
+        out.stride(0), out.stride(1), scale, window or 0,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
+        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )  # fmt: skip
+    if splits == 1:
+        return out
     _decode_merge_kernel[(t, h)](
         mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), NUM_SPLITS=splits, D=d,

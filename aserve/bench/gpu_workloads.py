@@ -163,14 +163,20 @@ def decode_floor(shape_spec: dict[str, Any], batch: int, context: int, bandwidth
     return (weights + kv_bytes) / bandwidth
 
 
-def decode_step_time(path: Path, batch: int, context: int, device: str, dtype: str, opts: dict[str, Any]) -> float:
-    """Median device span of a decode step with ``batch`` sequences near ``context`` tokens.
+def decode_step_time(
+    path: Path, batch: int, context: int, device: str, dtype: str, opts: dict[str, Any]
+) -> tuple[float, float | None]:
+    """A decode step with ``batch`` sequences near ``context`` tokens: (median device span of
+    the run's decode steps, device seconds per replay of the batch's decode graph afterwards).
 
     Prompts of ``context - 32`` tokens and 48 output tokens: once the (chunked) prefills are
-    done every step decodes the whole batch, at contexts around ``context``."""
+    done every step decodes the whole batch, at contexts around ``context``. The span runs from
+    the step's first device event to its last, so a host slower than the device adds its own
+    wait to it; the replays, back to back with no host work between them, are the device's
+    time alone (None without CUDA graphs)."""
     prompts = [[2] + [random.Random(i).randrange(10, 1000) for _ in range(context - 33)] for i in range(batch)]
 
-    async def run() -> float:
+    async def run() -> tuple[float, float | None]:
         async with aserve.Engine(
             model=str(path), device=device, dtype=dtype, max_context=context + 8,
             max_running_requests=batch, max_num_batched_tokens=16384, **opts,
@@ -182,9 +188,11 @@ def decode_step_time(path: Path, batch: int, context: int, device: str, dtype: s
                         engine.complete, p, aserve.SamplingParams(max_tokens=48, temperature=0, ignore_eos=True)
                     )
             recs = [r for r in engine.step_records() if r.num_decodes == r.num_seqs == batch]
+            graphs = engine.runner.decode_graphs
+            replay = graphs.replay_seconds(batch) if graphs is not None and device == "cuda" else None
         if not recs:
             raise RuntimeError(f"no decode step ran with all {batch} sequences")
-        return statistics.median(r.device_busy_s for r in recs)
+        return statistics.median(r.device_busy_s for r in recs), replay
 
     return anyio.run(run)
 

@@ -8,7 +8,8 @@ input buffer, one replay and one D2H copy:
 1. the request-to-token table gets each sequence's new slot;
 2. the input tokens are gathered from the FutureMap (the previous step's samples);
 3. the model forward (Triton decode attention, whose grid depends only on the padded size);
-4. greedy tokens (``argmax``) are published back into the FutureMap.
+4. greedy tokens (``argmax`` of the logits in the head's dtype) are published back into the
+   FutureMap.
 
 Padded rows use the pool's spare table row and the FutureMap's spare row, position -1
 (``seq_len`` 0: they read no key) and the pad slot (their K/V writes land there). A step
@@ -38,7 +39,7 @@ R = TypeVar("R")
 
 @dataclass
 class GraphOutputs:
-    logits: torch.Tensor  # [Bp, V] float32
+    logits: torch.Tensor  # [Bp, V] in the head's dtype (CausalLM.logits(head_dtype=True)): .float() to sample
     tokens: torch.Tensor  # [Bp] int64, greedy (argmax), already in the FutureMap
     input_ids: torch.Tensor  # [Bp] int64, what was gathered from the FutureMap
 
@@ -136,7 +137,7 @@ class DecodeGraphs:
             seq_len_bound=self.pool.max_context,
         )
         with torch.inference_mode():
-            logits = self.model(input_ids, meta, self.pool.kv_cache)  # [Bp, V]
+            logits = self.model(input_ids, meta, self.pool.kv_cache, head_dtype=True)  # [Bp, V]
             tokens = logits.argmax(dim=-1)
             self.future_map.tokens[rows] = tokens
         return GraphOutputs(logits, tokens, input_ids)
@@ -150,6 +151,21 @@ class DecodeGraphs:
         for s, (graph, out) in zip(statics, capture_graphs(self.device, stream, "capturing decode CUDA graphs",
                                                            statics, self._body)):  # fmt: skip
             s.graph, s.out = graph, out
+
+    def replay_seconds(self, size: int, replays: int = 20) -> float:
+        """Device seconds per replay of the size-``size`` graph, its buffers as the last step
+        left them (a benchmark's measure of a decode step's device time alone, with no host
+        work between replays; it rewrites that step's K/V slots with the same values)."""
+        s = self._static[size]
+        assert s.graph is not None, "no captured graph (CUDA only)"
+        s.graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            s.graph.replay()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / replays
 
     def release(self) -> None:
         """The engine closed: drop the graphs (and with them their memory pool) and buffers."""

@@ -217,7 +217,9 @@ class ModelRunner:
             # the output. A copy: the graph's buffer is rewritten by the next replay, maybe
             # before this step's device-to-host copy ran on the copy stream.
             return SampleOutput(g.tokens[:b].clone(), None, None, None)
-        return _Logits(g.logits[:b], g.input_ids[:b], None)
+        # The sampler works in float32; a masked argmax takes the head's dtype as it is.
+        logits = g.logits[:b] if dev.sbatch is None else g.logits[:b].float()
+        return _Logits(logits, g.input_ids[:b], None)
 
     def _masked_argmax(self, logits: torch.Tensor, dev: DeviceInputs) -> SampleOutput:
         """A greedy graph step with constrained rows: their masks applied to the graph's

@@ -112,10 +112,17 @@ class CausalLM(nn.Module):
         raise NotImplementedError
 
     def forward(
-        self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache, out: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_cache: KVCache,
+        out: torch.Tensor | None = None,
+        *,
+        head_dtype: bool = False,
     ) -> torch.Tensor:
-        # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices (written into out if given)
-        return self.logits(self.hidden(input_ids, meta, kv_cache)[meta.logits_indices], out)
+        # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices (written into out if
+        # given; in the head's own dtype with head_dtype, see logits())
+        return self.logits(self.hidden(input_ids, meta, kv_cache)[meta.logits_indices], out, head_dtype=head_dtype)
 
     def hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         """input_ids: [T] -> the final norm's output [T, hidden] (every position)."""
@@ -123,12 +130,19 @@ class CausalLM(nn.Module):
         rope = self.layer_rope(meta.positions, h.dtype)
         return run_decoder_layers(self.model.layers, self.model.norm, h, rope, meta, kv_cache)
 
-    def logits(self, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, out: torch.Tensor | None = None, *, head_dtype: bool = False) -> torch.Tensor:
         """h: [B, hidden] after the final norm -> logits [B, vocab] float32 (soft-capped),
-        written into ``out`` when given (a CUDA graph's shared output buffer)."""
+        written into ``out`` when given (a CUDA graph's shared output buffer).
+
+        ``head_dtype``: the head's output as it is (bfloat16 on a GPU) when the model has no
+        soft-cap. Its argmax is the float32 logits' argmax (the conversion is exact and keeps
+        the order), and it saves the decode graph a copy of [B, vocab] at every step (at batch
+        256 on Gemma 3's 262k vocabulary, 134 MB read and 268 MB written: ~0.1 ms on an H200)."""
         logits = self.head(h)  # [B, vocab]
-        logits = logits.float() if out is None else out.copy_(logits)
         cap = self.config.final_logit_softcapping
+        if head_dtype and cap is None and out is None:
+            return logits
+        logits = logits.float() if out is None else out.copy_(logits)
         if cap is not None:
             logits = torch.tanh(logits.div_(cap), out=logits).mul_(cap)
         return logits

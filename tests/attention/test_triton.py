@@ -18,7 +18,7 @@ triton = pytest.importorskip("triton")
 
 from aserve.attention.metadata import AttentionMetadata, build_metadata  # noqa: E402
 from aserve.attention.reference import paged_attention  # noqa: E402
-from aserve.attention.triton_paged import attend_triton, paged_attention_triton  # noqa: E402
+from aserve.attention.triton_paged import DecodeLaunch, _decode, attend_triton, paged_attention_triton  # noqa: E402
 
 # Triton's CPU interpreter runs these slowly on a CPU (quick set: `pytest`; these: `pytest -m slow`).
 pytestmark = pytest.mark.slow
@@ -59,6 +59,20 @@ def test_decode_matches_reference(heads: int, kv_heads: int, dim: int, window: i
     out, ref, _ = _case(1, heads, kv_heads, dim, prefix, [1] * 4, window)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize(("block_n", "splits"), [(32, 1), (64, 1), (16, 2), (32, 4), (64, 8)])
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(4, 2, 64, None), (4, 1, 256, 9)])
+def test_decode_launch_configurations_agree(
+    block_n: int, splits: int, heads: int, kv_heads: int, dim: int, window: int | None
+) -> None:
+    """One split writes the output itself; more go through the merge kernel: both, at any
+    block size, equal the reference (splits that get no keys included: 8 splits of 20 keys)."""
+    prefix = [0, 19, 60, 101]
+    _, ref, (kc, vc, meta, q) = _case(3, heads, kv_heads, dim, prefix, [1] * 4, window)
+    out = _decode(q, kc, vc, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, 128, dim**-0.5, window,
+                  torch.empty_like(q), DecodeLaunch(block_n=block_n, splits=splits))  # fmt: skip
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize(
