@@ -33,6 +33,7 @@ ggufmm = Extension(
     depends=["aserve/kernels/_ggufmm_kernels.h"],
     extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-Wno-psabi"],
     extra_link_args=["-pthread"],
+    libraries=["m"],  # fmaf
     optional=True,
 )
 

@@ -29,6 +29,10 @@ class EngineConfig:
     # None: bfloat16 on a GPU; on a CPU "gguf" for a GGUF model (float32 where the kernel was
     # not built), else float32.
     dtype: Literal["float32", "bfloat16", "float16", "gguf"] | None = None
+    # With GGUF blocks: the LM head's activations. "int8": rounded to 8 bits per block of 32
+    # as llama.cpp does, each block's dot product in integers (AVX-512 VNNI where the CPU has
+    # it; a Q8_0 head only). None: float32 (the other layers always take float32).
+    gguf_head: Literal["float32", "int8"] | None = None
     overlap: bool = True  # pipeline depth 2 or 3 (overlap_depth); False runs the same code at depth 1
     # Steps planned or in flight but not committed when overlap is on. 2 is SGLang's scheme
     # (the host commits n-1 and plans n+1 while the device runs n); 3 lets the host run one
@@ -92,6 +96,8 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype is not None and self.dtype not in _DTYPES:
             raise InvalidRequestError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}", param="dtype")
+        if self.gguf_head not in (None, "float32", "int8"):
+            raise InvalidRequestError(f"gguf_head must be float32 or int8, got {self.gguf_head!r}", param="gguf_head")
         if self.page_size < 1:
             raise InvalidRequestError("page_size must be >= 1", param="page_size")
         if not 0.0 < self.mem_fraction <= 1.0:
@@ -188,6 +194,8 @@ FLAG_HELP: dict[str, str] = {
     "device": "cpu, cuda or cuda:N (default: cuda when available, else cpu)",
     "dtype": "weights and activations; gguf: keep a GGUF's quantized weights and run them on the CPU kernel "
     "(default: gguf for a GGUF model on a CPU where the kernel is built, else float32 on a CPU; bfloat16 on a GPU)",
+    "gguf_head": "with GGUF blocks, the LM head's activations: float32, or int8 (per block of 32 with integer "
+    "dot products, llama.cpp's method; a Q8_0 head) (default: float32)",
     "overlap": "run the scheduler serially (pipeline depth 1); the tokens are the same",
     "overlap_depth": "steps planned or in flight ahead of the commit with overlap on, 2 or 3 "
     "(default: 3 with CUDA graphs, else 2)",

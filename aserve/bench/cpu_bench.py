@@ -6,6 +6,7 @@ For each thread count: single-stream decode tok/s, the aggregate output tok/s of
 streams (greedy, ignore_eos, 64 new tokens each, the same prompts everywhere) and the time to
 first token of a 512-token prompt. Engines:
 * ``aserve gguf``: the GGUF's own blocks on aserve's CPU kernel (``dtype="gguf"``);
+* ``aserve gguf, int8 head`` (``--int8-head``): the same with ``gguf_head="int8"``;
 * ``aserve float32``: the blocks dequantized to float32 (the reference path);
 * ``llama.cpp``: the same GGUF through ``llama-cpp-python`` (the ``bench`` extra), when
   installed: single stream and TTFT (its Python API decodes one sequence);
@@ -50,9 +51,9 @@ def long_prompt_ids(seed: int) -> list[int]:
     return [2, *torch.randint(1000, 200_000, (LONG_PROMPT - 1,), generator=g).tolist()]
 
 
-async def _aserve(dtype: str, threads: int) -> dict[str, Any]:
+async def _aserve(dtype: str, threads: int, gguf_head: str | None = None) -> dict[str, Any]:
     params = aserve.SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    async with aserve.Engine(model="gemma-3-270m", dtype=dtype, num_threads=threads) as engine:
+    async with aserve.Engine(model="gemma-3-270m", dtype=dtype, num_threads=threads, gguf_head=gguf_head) as engine:
         r = await engine.complete(PROMPTS[0], params)
         ttft = r.metrics["ttft_s"]
         single = (NEW - 1) / (r.metrics["e2e_s"] - ttft)
@@ -67,7 +68,7 @@ async def _aserve(dtype: str, threads: int) -> dict[str, Any]:
         st = engine.stats()
         weights = engine.info()["weights"]
     return {
-        "engine": f"aserve {dtype}",
+        "engine": f"aserve {dtype}" + (f", {gguf_head} head" if gguf_head else ""),
         "weights": weights,
         "single_decode_tok_s": single,
         "concurrent16_tok_s": 16 * NEW / wall,
@@ -79,6 +80,10 @@ async def _aserve(dtype: str, threads: int) -> dict[str, Any]:
 
 def _aserve_gguf(threads: int) -> dict[str, Any]:
     return anyio.run(_aserve, "gguf", threads)
+
+
+def _aserve_gguf_int8_head(threads: int) -> dict[str, Any]:
+    return anyio.run(_aserve, "gguf", threads, "int8")
 
 
 def _aserve_float32(threads: int) -> dict[str, Any]:
@@ -165,11 +170,14 @@ def main() -> None:
                     help="thread counts to run every engine with (default: 1, 2 and all cores)")  # fmt: skip
     ap.add_argument("--no-float32", dest="float32", action="store_false", help="leave out aserve float32")
     ap.add_argument("--transformers", action="store_true", help="add transformers generate")
+    ap.add_argument("--int8-head", action="store_true", help="add aserve gguf with gguf_head='int8'")
     args = ap.parse_args()
     threads = list(dict.fromkeys(args.threads))
     rows = []
     for n in threads:
         runs: list[tuple[str, Callable[[int], dict[str, Any] | None]]] = [("aserve gguf", _aserve_gguf)]
+        if args.int8_head:
+            runs.append(("aserve gguf, int8 head", _aserve_gguf_int8_head))
         if args.float32:
             runs.append(("aserve float32", _aserve_float32))
         runs.append(("llama.cpp", _llama_cpp))

@@ -74,10 +74,17 @@ def windows(ids: list[int], bos: int, window: int, tokens: int) -> list[list[int
 Scorer = Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]
 
 
-def aserve_scorer(gguf_blocks: bool) -> Scorer:
-    """ids -> (log-prob of each next token [L-1] float64, top-1 prediction [L-1]) on one engine."""
+def aserve_scorer(gguf_blocks: bool, head_int8: bool = False) -> Scorer:
+    """ids -> (log-prob of each next token [L-1] float64, top-1 prediction [L-1]) on one engine
+    (``head_int8``: the LM head with 8-bit activations, ``EngineConfig(gguf_head="int8")``)."""
     cfg, model, _ = load_model("gemma-3-270m", torch.float32, torch.device("cpu"), gguf_blocks=gguf_blocks)
     assert isinstance(model, CausalLM), type(model)
+    if head_int8:
+        from aserve.engine.setup import lm_head_blocks
+
+        head = lm_head_blocks(model)
+        assert head is not None, "the default model's head is GGUF blocks"
+        head.set_int8_activations()
     causal_lm = model
 
     @torch.no_grad()
@@ -156,6 +163,7 @@ def main() -> None:
                                    "top1_agreement": 1.0, "seconds": ref_s}]  # fmt: skip
     makers: list[tuple[str, Callable[[], Scorer | None]]] = [
         ("aserve gguf blocks", lambda: aserve_scorer(True)),
+        ("aserve gguf blocks, int8 head", lambda: aserve_scorer(True, head_int8=True)),
     ]
     if args.llama_cpp:
         makers.append(("llama.cpp (llama-cpp-python)", lambda: llama_cpp_scorer(args.window, torch.get_num_threads())))

@@ -6,7 +6,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from aserve.models.loader import cache_dir, load_model
 from aserve.progress import phase
 from aserve.scheduler.sizing import BatchSizes, choose_batch_sizes
 from aserve.tokenizer.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from aserve.kernels.gguf_linear import GGUFLinear
 from aserve.tokenizer.tokenizer import load_tokenizer as _load_tokenizer
 
 _CPU_MAX_CONTEXT = 8192
@@ -114,7 +117,37 @@ def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
     k = kernel()
     assert k is not None, "GGUF blocks loaded without the kernel"
     kinds = ", ".join(f"{n} x{c}" for n, c in sorted(counts.items()))
-    return f"gguf blocks ({kinds}) on aserve's CPU kernel ({k.isa()}), activations float32"
+    head = lm_head_blocks(model)
+    acts = "activations float32"
+    if head is not None and head.int8_activations:
+        acts += f", LM head int8 ({k.i8_isa()})"
+    return f"gguf blocks ({kinds}) on aserve's CPU kernel ({k.isa()}), {acts}"
+
+
+def lm_head_blocks(model: torch.nn.Module) -> GGUFLinear | None:
+    """The LM head's GGUF weight (its own, or the tied embedding's), if it is blocks."""
+    from aserve.kernels.gguf_linear import GGUFEmbedding, GGUFLinear
+
+    head = getattr(model, "lm_head", None)
+    if isinstance(head, GGUFLinear):
+        return head
+    embed = model.get_submodule("model.embed_tokens")
+    return embed.head if head is None and isinstance(embed, GGUFEmbedding) else None
+
+
+def use_head_int8(cfg: EngineConfig, model: torch.nn.Module, blocks: bool) -> None:
+    """``gguf_head="int8"``: the LM head multiplies with 8-bit activations (an error where it
+    cannot: no GGUF blocks, or a head that is not Q8_0)."""
+    if cfg.gguf_head != "int8":
+        return
+    head = lm_head_blocks(model) if blocks else None
+    if head is None:
+        raise InvalidRequestError("gguf_head 'int8' needs a GGUF model run on its blocks (dtype gguf, a CPU)",
+                                  param="gguf_head")  # fmt: skip
+    try:
+        head.set_int8_activations()
+    except ValueError as exc:
+        raise InvalidRequestError(f"gguf_head 'int8': {exc}", param="gguf_head") from exc
 
 
 def load_tokenizer(path: Path) -> Tokenizer:
@@ -132,6 +165,7 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
     with phase("loading weights", unit="tensor", model=cfg.model) as update:
         blocks = use_gguf_blocks(cfg, device)
         model_config, model, path = load_model(cfg.model, dtype, device, progress=update, gguf_blocks=blocks)
+    use_head_int8(cfg, model, blocks)
     if cfg.use_fused_ops:
         from aserve.models.layers import set_fused_ops
 

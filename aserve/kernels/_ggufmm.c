@@ -18,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,6 +94,7 @@ static const struct isa isas[] = {
 #define NUM_ISAS ((int)(sizeof isas / sizeof isas[0]))
 static int best_isa = NUM_ISAS - 1; /* set at import: the first entry the CPU supports */
 static int cur_isa = NUM_ISAS - 1;
+static int has_vnni; /* AVX-512 VNNI: matmul_q8_0_i8's fast copy */
 
 static void detect_isa(void) {
 #ifdef HAVE_X86_COPIES
@@ -101,6 +103,7 @@ static void detect_isa(void) {
         best_isa = 0;
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         best_isa = 1;
+    has_vnni = best_isa == 0 && __builtin_cpu_supports("avx512vnni");
 #endif
     cur_isa = best_isa;
 }
@@ -161,6 +164,11 @@ struct job {
     float *y;
     const int64_t *rows;
     int64_t chunk_rows;
+    /* matmul_q8_0_i8: 8-bit activations in groups of 16 rows (see there) */
+    void (*i8fn)(const struct job *, int64_t, int64_t);
+    const uint8_t *xt;
+    const float *xs;
+    int64_t groups;
 };
 
 /* Each shared word on its own cache line: a claim or a count must not evict the call's
@@ -204,6 +212,10 @@ static int grow(float **buf, int64_t *cap, int64_t floats) {
  * then their dot products with every row of x; or rows of W dequantized straight into y. */
 static void run_chunk(const struct job *j, int64_t c, float *buf) {
     const int64_t start = c * j->chunk_rows, end = start + j->chunk_rows < j->n ? start + j->chunk_rows : j->n;
+    if (j->i8fn != NULL) {
+        j->i8fn(j, start, end);
+        return;
+    }
     if (j->dequant) {
         for (int64_t i = start; i < end; i++) {
             const int64_t r = j->rows != NULL ? j->rows[i] : i;
@@ -291,7 +303,7 @@ static int ready_helpers(int want, int64_t k) {
 static int run_job(const struct job *j, int64_t nchunks, int threads) {
     float *own = NULL;
     int64_t cap = 0;
-    if (!j->dequant && grow(&own, &cap, 4 * j->k) != 0) return -1;
+    if (!j->dequant && j->i8fn == NULL && grow(&own, &cap, 4 * j->k) != 0) return -1;
     int helpers = threads - 1 < MAX_HELPERS ? threads - 1 : MAX_HELPERS;
     if (helpers > nchunks - 1) helpers = (int)(nchunks - 1);
     if (helpers < 1 || pthread_mutex_trylock(&submit_lock) != 0) {
@@ -300,7 +312,7 @@ static int run_job(const struct job *j, int64_t nchunks, int threads) {
         free(own);
         return 0;
     }
-    helpers = ready_helpers(helpers, j->dequant ? 0 : j->k);
+    helpers = ready_helpers(helpers, j->dequant || j->i8fn != NULL ? 0 : j->k);
     job = *j;
     atomic_store_explicit(&done, 0, memory_order_relaxed);
     atomic_store_explicit(&allowed, helpers, memory_order_relaxed);
@@ -405,6 +417,168 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* ---- Q8_0 weights times 8-bit activations ------------------------------------------------
+ *
+ * The LM head of a GGUF model is Q8_0 (int8 weights, one half-precision scale per 32) and the
+ * largest matmul of a decode step; at 16 rows of x it is bound by arithmetic, not memory. Here
+ * x comes quantized as llama.cpp quantizes activations (per block of 32: xd = max|x| / 127,
+ * xq = round(x / xd)), and a block's dot product is exact integer arithmetic:
+ *
+ *   y[r, n] = sum over blocks b of float(sum_i xq[r, 32b + i] * q[n, 32b + i]) * (d[n, b] * xd[r, b])
+ *
+ * the float sum taken block by block in order with fused multiply-adds, identical in every
+ * copy below, so a row's result does not depend on the other rows or the instruction set.
+ *
+ * Layout: one vector lane per row of x (16 rows a group), the weight bytes broadcast. With
+ * AVX-512 VNNI, vpdpbusd multiplies 4 unsigned bytes of each lane by 4 signed weight bytes and
+ * adds them to the lane's int32: 8 instructions take a 32-weight block for 16 rows, where the
+ * float path spends 32 fused multiply-adds and the block's dequantization. vpdpbusd wants one
+ * side unsigned, so the lanes hold xq + 128 and the block's 128 * sum(q) is taken back off.
+ *
+ * xt: [groups][k / 4][16 lanes][4] bytes xq + 128 (rows past m: 128, i.e. zero); xs: [groups]
+ * [k / 32][16] floats xd (rows past m: 0). */
+static void i8_rows_portable(const struct job *j, int64_t start, int64_t end) {
+    const int64_t nb = j->k / 32;
+    for (int64_t r = start; r < end; r++) {
+        const uint8_t *w = j->w + r * j->row_bytes;
+        for (int64_t g = 0; g < j->groups; g++) {
+            const uint8_t *xt = j->xt + g * j->k * 16;
+            const float *xs = j->xs + g * nb * 16;
+            float acc[16] = {0};
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = w + b * 34;
+                const float d = half_to_float_base(rd16_base(blk));
+                const int8_t *q = (const int8_t *)(blk + 2);
+                int32_t s = 0, ai[16] = {0};
+                for (int i = 0; i < 32; i++) s += q[i];
+                for (int t = 0; t < 8; t++) {
+                    const uint8_t *xb = xt + (b * 8 + t) * 64;
+                    for (int l = 0; l < 16; l++)
+                        for (int e = 0; e < 4; e++) ai[l] += (int32_t)xb[l * 4 + e] * (int32_t)q[4 * t + e];
+                }
+                for (int l = 0; l < 16; l++) acc[l] = fmaf((float)(ai[l] - 128 * s), d * xs[b * 16 + l], acc[l]);
+            }
+            const int64_t rows = j->m - 16 * g < 16 ? j->m - 16 * g : 16;
+            for (int64_t l = 0; l < rows; l++) j->y[(16 * g + l) * j->n + r] = acc[l];
+        }
+    }
+}
+
+#ifdef HAVE_X86_COPIES
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+static void i8_rows_vnni(const struct job *j, int64_t start, int64_t end) {
+    const int64_t nb = j->k / 32;
+    for (int64_t r = start; r < end; r++) {
+        const uint8_t *w = j->w + r * j->row_bytes;
+        for (int64_t g = 0; g < j->groups; g++) {
+            const uint8_t *xt = j->xt + g * j->k * 16;
+            const float *xs = j->xs + g * nb * 16;
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = w + b * 34;
+                const float d = _cvtsh_ss((unsigned short)(blk[0] | blk[1] << 8));
+                const __m256i qv = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                /* sum(q): bytes q + 128 summed as unsigned (vpsadbw), less 32 * 128 */
+                const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qv, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+                const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+                const int32_t s = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+                /* four independent sums: vpdpbusd's latency, not its throughput, bounds one chain */
+                __m512i ai[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
+                                 _mm512_setzero_si512()};
+                const uint8_t *xb = xt + b * 8 * 64;
+                for (int t = 0; t < 8; t++) {
+                    int32_t w4;
+                    memcpy(&w4, blk + 2 + 4 * t, 4);
+                    ai[t % 4] = _mm512_dpbusd_epi32(ai[t % 4], _mm512_loadu_si512((const void *)(xb + t * 64)),
+                                                    _mm512_set1_epi32(w4));
+                }
+                const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(_mm512_add_epi32(ai[0], ai[1]),
+                                                                       _mm512_add_epi32(ai[2], ai[3])),
+                                                      _mm512_set1_epi32(128 * s));
+                const __m512 sc = _mm512_mul_ps(_mm512_set1_ps(d), _mm512_loadu_ps(xs + b * 16));
+                acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc);
+            }
+            float out[16];
+            _mm512_storeu_ps(out, acc);
+            const int64_t rows = j->m - 16 * g < 16 ? j->m - 16 * g : 16;
+            for (int64_t l = 0; l < rows; l++) j->y[(16 * g + l) * j->n + r] = out[l];
+        }
+    }
+}
+#endif
+
+
+/* The int8 path's copy for the current instruction set: VNNI where the CPU has it and the
+ * AVX-512 copy is selected, else the portable loop (the same sums, slower). */
+static void (*i8_rows_fn(void))(const struct job *, int64_t, int64_t) {
+#ifdef HAVE_X86_COPIES
+    if (has_vnni && cur_isa == 0) return i8_rows_vnni;
+#endif
+    return i8_rows_portable;
+}
+
+/* matmul_q8_0_i8(w_ptr, n, k, xq_ptr, xd_ptr, m, y_ptr, threads): y[m, n] = x @ W^T for Q8_0
+ * rows W and x given as xq int8 [m, k] and xd float32 [m, k / 32] (x = xq * xd per block). */
+static PyObject *py_matmul_q8_0_i8(PyObject *self, PyObject *args) {
+    int threads;
+    unsigned long long wp, qp, dp, yp;
+    long long n, k, m;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLLKKLKi", &wp, &n, &k, &qp, &dp, &m, &yp, &threads)) return NULL;
+    if (k <= 0 || k % 32 != 0 || m <= 0) {
+        PyErr_Format(PyExc_ValueError, "matmul_q8_0_i8: k = %lld must be a positive multiple of 32, m = %lld > 0",
+                     (long long)k, (long long)m);
+        return NULL;
+    }
+    const int64_t groups = (m + 15) / 16, nb = k / 32;
+    uint8_t *xt = malloc((size_t)(groups * k * 16));
+    float *xs = malloc((size_t)(groups * nb * 16) * sizeof(float));
+    if (xt == NULL || xs == NULL) {
+        free(xt);
+        free(xs);
+        return PyErr_NoMemory();
+    }
+    const int8_t *xq = (const int8_t *)(uintptr_t)qp;
+    const float *xd = (const float *)(uintptr_t)dp;
+    for (int64_t g = 0; g < groups; g++)
+        for (int64_t l = 0; l < 16; l++) {
+            const int64_t row = 16 * g + l;
+            for (int64_t i = 0; i < k; i++)
+                xt[g * k * 16 + (i / 4) * 64 + l * 4 + i % 4] = (uint8_t)(row < m ? (int)xq[row * k + i] + 128 : 128);
+            for (int64_t b = 0; b < nb; b++) xs[(g * nb + b) * 16 + l] = row < m ? xd[row * nb + b] : 0.0f;
+        }
+    struct job j = {0};
+    j.i8fn = i8_rows_fn();
+    j.w = (const uint8_t *)(uintptr_t)wp;
+    j.row_bytes = nb * 34;
+    j.k = k;
+    j.n = n;
+    j.m = m;
+    j.y = (float *)(uintptr_t)yp;
+    j.xt = xt;
+    j.xs = xs;
+    j.groups = groups;
+    j.chunk_rows = chunk_rows_for(n, 16, threads);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_job(&j, (n + j.chunk_rows - 1) / j.chunk_rows, threads);
+    Py_END_ALLOW_THREADS
+    free(xt);
+    free(xs);
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* i8_isa(): which copy matmul_q8_0_i8 runs ("vnni" or "portable") */
+static PyObject *py_i8_isa(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+#ifdef HAVE_X86_COPIES
+    if (i8_rows_fn() == i8_rows_vnni) return PyUnicode_FromString("vnni");
+#endif
+    return PyUnicode_FromString("portable");
+}
+
 /* row_bytes(qtype, k): bytes of one row of k weights */
 static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
     int qtype;
@@ -447,6 +621,8 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "y[m, n] = x[m, k] @ W[n, k]^T on GGUF blocks (pointers)"},
     {"dequantize", py_dequantize, METH_VARARGS, "rows of W as float32 (pointers)"},
     {"row_bytes", py_row_bytes, METH_VARARGS, "bytes of one row of k weights of a GGML type"},
+    {"matmul_q8_0_i8", py_matmul_q8_0_i8, METH_VARARGS, "y = x @ W^T, Q8_0 W, x as int8 blocks + scales (pointers)"},
+    {"i8_isa", py_i8_isa, METH_NOARGS, "the copy matmul_q8_0_i8 runs: vnni or portable"},
     {NULL, NULL, 0, NULL},
 };
 

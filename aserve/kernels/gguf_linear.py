@@ -73,6 +73,32 @@ def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: 
     return y
 
 
+def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [M, K] float32 (K a multiple of 32) -> (xq int8 [M, K], xd float32 [M, K / 32]):
+    llama.cpp's Q8_0 activations, per block of 32: xd = max|x| / 127, xq = round(x / xd)."""
+    m, k = x.shape
+    xb = x.reshape(m, k // 32, 32)
+    amax = xb.abs().amax(dim=-1)
+    xd = amax / 127.0
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    xq = torch.round(xb * inv[..., None]).clamp_(-127, 127).to(torch.int8).reshape(m, k)
+    return xq, xd.contiguous()
+
+
+def q8_0_matmul_int8(x: torch.Tensor, blocks: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x: [M, in] float32 -> [M, out] float32: ``x @ W.T`` for Q8_0 ``blocks`` with x rounded
+    to 8 bits per block of 32 (``quantize_activations``) and each block's dot product taken in
+    integers (AVX-512 VNNI where the CPU has it). Row r of the result depends on row r of x
+    only, whatever M is and whichever copy of the kernel runs."""
+    assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
+    xq, xd = quantize_activations(x.contiguous())
+    m, n = x.shape[0], blocks.shape[0]
+    y = torch.empty(m, n, dtype=torch.float32)
+    _k().matmul_q8_0_i8(blocks.data_ptr(), n, in_features, xq.data_ptr(), xd.data_ptr(), m, y.data_ptr(),
+                        torch.get_num_threads())  # fmt: skip
+    return y
+
+
 def dequantize_rows(
     blocks: torch.Tensor, qtype: int, in_features: int, rows: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -104,11 +130,22 @@ class GGUFLinear(nn.Module):
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = blocks.shape[0]
+        self.int8_activations = False  # set_int8_activations()
+
+    def set_int8_activations(self, on: bool = True) -> None:
+        """Multiply with 8-bit activations (``q8_0_matmul_int8``); Q8_0 weights only."""
+        if on and self.qtype != QTYPES["Q8_0"]:
+            raise ValueError(f"8-bit activations need Q8_0 weights, this one is {self.extra_repr()}")
+        self.int8_activations = on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]
         lead = x.shape[:-1]
-        y = gguf_matmul(x.reshape(-1, self.in_features).float(), self.blocks, self.qtype, self.in_features)
+        x2 = x.reshape(-1, self.in_features).float()
+        if self.int8_activations:
+            y = q8_0_matmul_int8(x2, self.blocks, self.in_features)
+        else:
+            y = gguf_matmul(x2, self.blocks, self.qtype, self.in_features)
         if self.bias is not None:
             y += self.bias
         return y.view(*lead, self.out_features)

@@ -1,0 +1,87 @@
+"""The Q8_0 x 8-bit-activation matmul (the CPU LM head's integer path) vs a float64 product of
+gguf-py's dequantized weights and our own rounding of the activations.
+
+gguf-py (independent of our C) gives the weights; the activations' rounding is checked
+against its definition (per block of 32: scale max|x| / 127, round to nearest) directly.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from aserve.kernels import gguf_linear as gl
+from tests.kernels.test_gguf_linear import _random_blocks, _reference
+
+pytestmark = pytest.mark.skipif(gl.kernel() is None, reason=f"GGUF CPU kernel not built: {gl.unavailable_reason()}")
+
+K = 640  # the default model's hidden size: 20 blocks of 32
+
+
+def _expected(x: torch.Tensor, ref_w: np.ndarray) -> np.ndarray:
+    xq, xd = gl.quantize_activations(x)
+    xr = xq.double().view(x.shape[0], -1, 32) * xd.double()[..., None]
+    return (xr.view(x.shape[0], -1).numpy() @ ref_w.astype(np.float64).T).astype(np.float64)
+
+
+def test_activation_rounding_is_llama_cpp_q8_0() -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 64, generator=g) * torch.tensor([1e-3, 1.0, 40.0])[:, None]
+    x[1, 32:] = 0.0  # an all-zero block: scale 0, quants 0
+    xq, xd = gl.quantize_activations(x)
+    blocks = x.view(3, 2, 32)
+    amax = blocks.abs().amax(-1)
+    assert torch.equal(xd, amax / 127)
+    assert xd[1, 1] == 0 and not xq[1, 32:].any()
+    assert int(xq.abs().max()) == 127
+    back = xq.view(3, 2, 32).float() * xd[..., None]
+    assert ((back - blocks).abs() <= xd[..., None] / 2 * (1 + 1e-6)).all()  # to nearest
+
+
+@pytest.mark.parametrize("m", [1, 5, 16, 17, 40])
+def test_matches_float64_reference(m: int) -> None:
+    blocks = _random_blocks("Q8_0", 77, K, seed=m)
+    ref_w = _reference(blocks, "Q8_0")
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m))
+    y = gl.q8_0_matmul_int8(x, blocks, K).double().numpy()
+    want = _expected(x, ref_w)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_a_row_does_not_depend_on_the_others_or_on_the_copy() -> None:
+    """Each row is computed alone in its lane: the same bits with 1, 7, 16 or 33 rows beside
+    it, from the AVX-512 VNNI copy and the portable one (a CPU without VNNI runs the latter)."""
+    k = gl.kernel()
+    assert k is not None
+    blocks = _random_blocks("Q8_0", 50, K, seed=9)
+    x = torch.randn(33, K, generator=torch.Generator().manual_seed(9))
+    full = gl.q8_0_matmul_int8(x, blocks, K)
+    for m in (1, 7, 16):
+        assert torch.equal(gl.q8_0_matmul_int8(x[:m], blocks, K), full[:m]), m
+    assert torch.equal(gl.q8_0_matmul_int8(x[16:17], blocks, K), full[16:17])
+    best = k.isa()
+    try:
+        k.set_isa("baseline")
+        assert k.i8_isa() == "portable"
+        assert torch.equal(gl.q8_0_matmul_int8(x, blocks, K), full)
+    finally:
+        k.set_isa(best)
+
+
+def test_threads_do_not_change_the_result() -> None:
+    blocks = _random_blocks("Q8_0", 3000, K, seed=4)
+    x = torch.randn(16, K, generator=torch.Generator().manual_seed(4))
+    prev = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = gl.q8_0_matmul_int8(x, blocks, K)
+        torch.set_num_threads(2)
+        assert torch.equal(gl.q8_0_matmul_int8(x, blocks, K), one)
+    finally:
+        torch.set_num_threads(prev)
+
+
+def test_bad_row_length() -> None:
+    with pytest.raises(ValueError, match="multiple of 32"):
+        gl._k().matmul_q8_0_i8(0, 1, 33, 0, 0, 1, 0, 1)
