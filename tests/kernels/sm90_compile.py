@@ -50,7 +50,7 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         for d, group, window in ((256, 4, True), (256, 4, False), (64, 4, False), (128, 8, False)):
             for splits in (1, 32):
                 ptrs = {n: act for n in ("Q", "K", "V")} | {n: "*i64" for n in ("Table", "Rows", "SeqLens")}
-                ptrs |= {"MidO": "*fp32", "MidLse": "*fp32"}
+                ptrs |= {"MidO": "*fp32", "MidLse": "*fp32", "Out": act}
                 cx = {"GROUP": group, "BLOCK_G": max(16, group), "D": d, "BLOCK_N": 32, "NUM_SPLITS": splits,
                       "HAS_WINDOW": window, "PRECISION": prec}  # fmt: skip
                 out.append((f"decode d={d} g={group} w={window} s={splits} {dtype}", tp._decode_split_kernel, ptrs, cx))
