@@ -30,8 +30,9 @@ class EngineConfig:
     # not built), else float32.
     dtype: Literal["float32", "bfloat16", "float16", "gguf"] | None = None
     # With GGUF blocks: the LM head's activations. "int8": rounded to 8 bits per block of 32
-    # as llama.cpp does, each block's dot product in integers (AVX-512 VNNI where the CPU has
-    # it; a Q8_0 head only). None: float32 (the other layers always take float32).
+    # as llama.cpp does, each block's dot product in integers (a Q8_0 head only). None: int8
+    # for a Q8_0 head on a CPU with AVX-512 VNNI (faster, and within issue 20's quality bar),
+    # else float32. The other layers always take float32 activations.
     gguf_head: Literal["float32", "int8"] | None = None
     overlap: bool = True  # pipeline depth 2 or 3 (overlap_depth); False runs the same code at depth 1
     # Steps planned or in flight but not committed when overlap is on. 2 is SGLang's scheme
@@ -195,7 +196,7 @@ FLAG_HELP: dict[str, str] = {
     "dtype": "weights and activations; gguf: keep a GGUF's quantized weights and run them on the CPU kernel "
     "(default: gguf for a GGUF model on a CPU where the kernel is built, else float32 on a CPU; bfloat16 on a GPU)",
     "gguf_head": "with GGUF blocks, the LM head's activations: float32, or int8 (per block of 32 with integer "
-    "dot products, llama.cpp's method; a Q8_0 head) (default: float32)",
+    "dot products, llama.cpp's method; a Q8_0 head) (default: int8 on a CPU with AVX-512 VNNI, else float32)",
     "overlap": "run the scheduler serially (pipeline depth 1); the tokens are the same",
     "overlap_depth": "steps planned or in flight ahead of the commit with overlap on, 2 or 3 "
     "(default: 3 with CUDA graphs, else 2)",

@@ -6,7 +6,8 @@ For each thread count: single-stream decode tok/s, the aggregate output tok/s of
 streams (greedy, ignore_eos, 64 new tokens each, the same prompts everywhere) and the time to
 first token of a 512-token prompt. Engines:
 * ``aserve gguf``: the GGUF's own blocks on aserve's CPU kernel (``dtype="gguf"``);
-* ``aserve gguf, int8 head`` (``--int8-head``): the same with ``gguf_head="int8"``;
+* ``aserve gguf, float32 head`` (``--float-head``): the same with ``gguf_head="float32"`` (the
+  default head takes 8-bit activations on a CPU with AVX-512 VNNI);
 * ``aserve float32``: the blocks dequantized to float32 (the reference path);
 * ``llama.cpp``: the same GGUF through ``llama-cpp-python`` (the ``bench`` extra), when
   installed: single stream and TTFT (its Python API decodes one sequence);
@@ -82,8 +83,8 @@ def _aserve_gguf(threads: int) -> dict[str, Any]:
     return anyio.run(_aserve, "gguf", threads)
 
 
-def _aserve_gguf_int8_head(threads: int) -> dict[str, Any]:
-    return anyio.run(_aserve, "gguf", threads, "int8")
+def _aserve_gguf_float_head(threads: int) -> dict[str, Any]:
+    return anyio.run(_aserve, "gguf", threads, "float32")
 
 
 def _aserve_float32(threads: int) -> dict[str, Any]:
@@ -170,14 +171,14 @@ def main() -> None:
                     help="thread counts to run every engine with (default: 1, 2 and all cores)")  # fmt: skip
     ap.add_argument("--no-float32", dest="float32", action="store_false", help="leave out aserve float32")
     ap.add_argument("--transformers", action="store_true", help="add transformers generate")
-    ap.add_argument("--int8-head", action="store_true", help="add aserve gguf with gguf_head='int8'")
+    ap.add_argument("--float-head", action="store_true", help="add aserve gguf with gguf_head='float32'")
     args = ap.parse_args()
     threads = list(dict.fromkeys(args.threads))
     rows = []
     for n in threads:
         runs: list[tuple[str, Callable[[int], dict[str, Any] | None]]] = [("aserve gguf", _aserve_gguf)]
-        if args.int8_head:
-            runs.append(("aserve gguf, int8 head", _aserve_gguf_int8_head))
+        if args.float_head:
+            runs.append(("aserve gguf, float32 head", _aserve_gguf_float_head))
         if args.float32:
             runs.append(("aserve float32", _aserve_float32))
         runs.append(("llama.cpp", _llama_cpp))

@@ -169,6 +169,8 @@ struct job {
     const uint8_t *xt;
     const float *xs;
     int64_t groups;
+    const int8_t *xq; /* the same x row-major [m, k], and its scales [m, k / 32] */
+    const float *xd;
 };
 
 /* Each shared word on its own cache line: a claim or a count must not evict the call's
@@ -471,6 +473,33 @@ static void i8_rows_vnni(const struct job *j, int64_t start, int64_t end) {
     for (int64_t r = start; r < end; r++) {
         const uint8_t *w = j->w + r * j->row_bytes;
         for (int64_t g = 0; g < j->groups; g++) {
+            const int64_t rows = j->m - 16 * g < 16 ? j->m - 16 * g : 16;
+            if (rows <= 3) { /* a lane per row would idle 13 of 16: one row at a time, the same sums */
+                for (int64_t l = 0; l < rows; l++) {
+                    const int64_t row = 16 * g + l;
+                    const int8_t *xr = j->xq + row * j->k;
+                    float acc = 0.0f;
+                    for (int64_t b = 0; b < nb; b++) {
+                        const uint8_t *blk = w + b * 34;
+                        const float d = _cvtsh_ss((unsigned short)(blk[0] | blk[1] << 8));
+                        const __m256i qv = _mm256_loadu_si256((const __m256i *)(blk + 2));
+                        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qv, _mm256_set1_epi8((char)0x80)),
+                                                            _mm256_setzero_si256());
+                        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+                        const int32_t s = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+                        const __m256i xv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xr + 32 * b)),
+                                                            _mm256_set1_epi8((char)0x80)); /* xq + 128 */
+                        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), xv, qv);
+                        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+                        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+                        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+                        const int32_t isum = _mm_cvtsi128_si32(h) - 128 * s;
+                        acc = fmaf((float)isum, d * j->xd[row * nb + b], acc);
+                    }
+                    j->y[row * j->n + r] = acc;
+                }
+                continue;
+            }
             const uint8_t *xt = j->xt + g * j->k * 16;
             const float *xs = j->xs + g * nb * 16;
             __m512 acc = _mm512_setzero_ps();
@@ -500,7 +529,6 @@ static void i8_rows_vnni(const struct job *j, int64_t start, int64_t end) {
             }
             float out[16];
             _mm512_storeu_ps(out, acc);
-            const int64_t rows = j->m - 16 * g < 16 ? j->m - 16 * g : 16;
             for (int64_t l = 0; l < rows; l++) j->y[(16 * g + l) * j->n + r] = out[l];
         }
     }
@@ -558,6 +586,8 @@ static PyObject *py_matmul_q8_0_i8(PyObject *self, PyObject *args) {
     j.xt = xt;
     j.xs = xs;
     j.groups = groups;
+    j.xq = xq;
+    j.xd = xd;
     j.chunk_rows = chunk_rows_for(n, 16, threads);
     int rc;
     Py_BEGIN_ALLOW_THREADS

@@ -34,3 +34,12 @@ async def test_int8_head_needs_gguf_blocks() -> None:
             pass
     with pytest.raises(InvalidRequestError, match="gguf_head"):
         aserve.EngineConfig(gguf_head="int4")  # type: ignore[arg-type]
+
+
+async def test_the_default_head_takes_int8_where_the_cpu_has_vnni() -> None:
+    kernel = gguf_linear.kernel()
+    assert kernel is not None
+    async with aserve.Engine(model="gemma-3-270m", warmup=False) as engine:
+        assert ("LM head int8 (vnni)" in engine.info()["weights"]) == (kernel.i8_isa() == "vnni")
+    async with aserve.Engine(model="gemma-3-270m", gguf_head="float32", warmup=False) as engine:
+        assert "LM head int8" not in engine.info()["weights"]
