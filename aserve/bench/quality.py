@@ -74,11 +74,19 @@ def windows(ids: list[int], bos: int, window: int, tokens: int) -> list[list[int
 Scorer = Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]]
 
 
-def aserve_scorer(gguf_blocks: bool, head_int8: bool = False) -> Scorer:
+def aserve_scorer(gguf_blocks: bool, head_int8: bool = False, gemm_bf16: bool = False) -> Scorer:
     """ids -> (log-prob of each next token [L-1] float64, top-1 prediction [L-1]) on one engine
-    (``head_int8``: the LM head with 8-bit activations, ``EngineConfig(gguf_head="int8")``)."""
+    (``head_int8``: the LM head with 8-bit activations, ``EngineConfig(gguf_head="int8")``;
+    ``gemm_bf16``: matmuls of 32 rows and more in bfloat16, ``gguf_prefill="bfloat16"``: every
+    window here is one prefill, so every position gets them, where serving decodes in float32)."""
     cfg, model, _ = load_model("gemma-3-270m", torch.float32, torch.device("cpu"), gguf_blocks=gguf_blocks)
     assert isinstance(model, CausalLM), type(model)
+    if gemm_bf16:
+        from aserve.kernels.gguf_linear import GGUFLinear
+
+        for m in model.modules():
+            if isinstance(m, GGUFLinear):
+                m.gemm_bf16 = True
     if head_int8:
         from aserve.engine.setup import lm_head_blocks
 
@@ -164,6 +172,7 @@ def main() -> None:
     makers: list[tuple[str, Callable[[], Scorer | None]]] = [
         ("aserve gguf blocks", lambda: aserve_scorer(True)),
         ("aserve gguf blocks, int8 head", lambda: aserve_scorer(True, head_int8=True)),
+        ("aserve gguf, int8 head, bf16 matmuls", lambda: aserve_scorer(True, head_int8=True, gemm_bf16=True)),
     ]
     if args.llama_cpp:
         makers.append(("llama.cpp (llama-cpp-python)", lambda: llama_cpp_scorer(args.window, torch.get_num_threads())))

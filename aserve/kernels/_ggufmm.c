@@ -95,6 +95,7 @@ static const struct isa isas[] = {
 static int best_isa = NUM_ISAS - 1; /* set at import: the first entry the CPU supports */
 static int cur_isa = NUM_ISAS - 1;
 static int has_vnni; /* AVX-512 VNNI: matmul_q8_0_i8's fast copy */
+static int has_bf16; /* AVX-512 BF16: torch's bfloat16 matmuls run natively (gguf_linear's prefill) */
 
 static void detect_isa(void) {
 #ifdef HAVE_X86_COPIES
@@ -104,6 +105,7 @@ static void detect_isa(void) {
     else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
         best_isa = 1;
     has_vnni = best_isa == 0 && __builtin_cpu_supports("avx512vnni");
+    has_bf16 = best_isa == 0 && __builtin_cpu_supports("avx512bf16");
 #endif
     cur_isa = best_isa;
 }
@@ -609,6 +611,13 @@ static PyObject *py_i8_isa(PyObject *self, PyObject *args) {
     return PyUnicode_FromString("portable");
 }
 
+/* has_bf16(): whether the CPU has AVX-512 BF16 (bfloat16 dot products in hardware) */
+static PyObject *py_has_bf16(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyBool_FromLong(has_bf16);
+}
+
 /* row_bytes(qtype, k): bytes of one row of k weights */
 static PyObject *py_row_bytes(PyObject *self, PyObject *args) {
     int qtype;
@@ -653,6 +662,7 @@ static PyMethodDef methods[] = {
     {"row_bytes", py_row_bytes, METH_VARARGS, "bytes of one row of k weights of a GGML type"},
     {"matmul_q8_0_i8", py_matmul_q8_0_i8, METH_VARARGS, "y = x @ W^T, Q8_0 W, x as int8 blocks + scales (pointers)"},
     {"i8_isa", py_i8_isa, METH_NOARGS, "the copy matmul_q8_0_i8 runs: vnni or portable"},
+    {"has_bf16", py_has_bf16, METH_NOARGS, "whether the CPU has AVX-512 BF16"},
     {NULL, NULL, 0, NULL},
 };
 

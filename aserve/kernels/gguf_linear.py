@@ -56,12 +56,25 @@ def row_bytes(qtype: int, in_features: int) -> int:
     return int(_k().row_bytes(qtype, in_features))
 
 
-def gguf_matmul(x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int) -> torch.Tensor:
-    """x: [M, in] float32 -> [M, out] float32, ``x @ W.T`` for W stored as ``blocks`` [out, row_bytes]."""
+def gguf_matmul(
+    x: torch.Tensor, blocks: torch.Tensor, qtype: int, in_features: int, gemm_bf16: bool = False
+) -> torch.Tensor:
+    """x: [M, in] float32 -> [M, out] float32, ``x @ W.T`` for W stored as ``blocks`` [out, row_bytes].
+
+    ``gemm_bf16``: a call of ``GEMM_MIN_ROWS`` rows and more (a prefill) multiplies in bfloat16
+    (x and the dequantized weight rounded to bfloat16, float32 accumulation in torch's oneDNN
+    matmul, the result rounded to bfloat16: ~2.4x float32's speed where the CPU has AVX-512
+    BF16)."""
     assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
     x = x.contiguous()
     m, n = x.shape[0], blocks.shape[0]
     if m >= GEMM_MIN_ROWS:
+        if gemm_bf16:
+            xb = x.to(torch.bfloat16)
+            return torch.cat(
+                [(xb @ dequantize_rows(blocks[s : s + _GEMM_CHUNK_ROWS], qtype, in_features).to(torch.bfloat16).t())
+                 .float() for s in range(0, n, _GEMM_CHUNK_ROWS)], dim=1,
+            )  # fmt: skip
         if n <= _GEMM_CHUNK_ROWS:
             return x @ dequantize_rows(blocks, qtype, in_features).t()
         return torch.cat(
@@ -131,6 +144,7 @@ class GGUFLinear(nn.Module):
         self.in_features = in_features
         self.out_features = blocks.shape[0]
         self.int8_activations = False  # set_int8_activations()
+        self.gemm_bf16 = False  # prefill-sized calls in bfloat16 (gguf_matmul)
 
     def set_int8_activations(self, on: bool = True) -> None:
         """Multiply with 8-bit activations (``q8_0_matmul_int8``); Q8_0 weights only."""
@@ -145,7 +159,7 @@ class GGUFLinear(nn.Module):
         if self.int8_activations:
             y = q8_0_matmul_int8(x2, self.blocks, self.in_features)
         else:
-            y = gguf_matmul(x2, self.blocks, self.qtype, self.in_features)
+            y = gguf_matmul(x2, self.blocks, self.qtype, self.in_features, self.gemm_bf16)
         if self.bias is not None:
             y += self.bias
         return y.view(*lead, self.out_features)

@@ -2,7 +2,7 @@
 
 Greedy output must match transformers (its GGUF loader, float32) token for token; on a CPU
 the engine's default runs the GGUF's own blocks on aserve's kernel (same weights), here with
-the float32 LM head. The
+the float32 LM head and prefill. The
 reference file is written by ``scripts/make_reference.py``, which runs transformers.
 """
 
@@ -24,10 +24,10 @@ CASES = json.loads(FIXTURE.read_text())["cases"]
 
 @pytest.fixture(scope="module")
 async def engine() -> AsyncIterator[aserve.Engine]:
-    # The float32 head: token for token against transformers. The default head's 8-bit
-    # activations (on a CPU with AVX-512 VNNI) are held to issue 20's quality bar instead
-    # (aserve.bench.quality: top-1 agreement and perplexity over 20k positions).
-    async with hosted_engine(model="gemma-3-270m", debug=True, gguf_head="float32") as eng:
+    # Float32 throughout: token for token against transformers. The defaults' 8-bit head and
+    # bfloat16 prefill matmuls (on CPUs with AVX-512 VNNI / BF16) are held to issue 20's
+    # quality bar instead (aserve.bench.quality: top-1 agreement and perplexity over 20k positions).
+    async with hosted_engine(model="gemma-3-270m", debug=True, gguf_head="float32", gguf_prefill="float32") as eng:
         yield eng
 
 

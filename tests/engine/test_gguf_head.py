@@ -1,5 +1,5 @@
-"""``gguf_head="int8"``: the default model's LM head with 8-bit activations, through the
-engine (the kernel itself: tests/kernels/test_q8_0_int8.py)."""
+"""``gguf_head="int8"`` and ``gguf_prefill="bfloat16"`` through the engine on the default model (the
+kernels: tests/kernels/test_q8_0_int8.py, tests/kernels/test_gguf_linear.py)."""
 
 from __future__ import annotations
 
@@ -43,3 +43,24 @@ async def test_the_default_head_takes_int8_where_the_cpu_has_vnni() -> None:
         assert ("LM head int8 (vnni)" in engine.info()["weights"]) == (kernel.i8_isa() == "vnni")
     async with aserve.Engine(model="gemma-3-270m", gguf_head="float32", warmup=False) as engine:
         assert "LM head int8" not in engine.info()["weights"]
+
+
+async def test_bf16_prefill_default_follows_the_cpu_and_overlap_equals_serial() -> None:
+    kernel = gguf_linear.kernel()
+    assert kernel is not None
+    async with aserve.Engine(model="gemma-3-270m", warmup=False) as engine:
+        assert ("prefill matmuls bfloat16" in engine.info()["weights"]) == bool(kernel.has_bf16())
+    # Prompts of 40+ tokens: their prefill takes the bfloat16 matmuls.
+    long = [p * 8 for p in PROMPTS]
+    params = aserve.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    outs = []
+    for overlap in (True, False):
+        async with aserve.Engine(model="gemma-3-270m", gguf_prefill="bfloat16", overlap=overlap, warmup=False) as e:
+            assert "prefill matmuls bfloat16" in e.info()["weights"]
+            batch = await e.complete_many(long, params)
+            assert batch.usage.prompt_tokens >= 3 * 32
+            outs.append([o.token_ids for o in sorted(batch.outputs, key=lambda o: o.index)])
+    assert outs[0] == outs[1]
+    with pytest.raises(InvalidRequestError, match="gguf_prefill"):
+        async with aserve.Engine(model="gemma-3-270m", dtype="float32", gguf_prefill="bfloat16", warmup=False):
+            pass

@@ -241,3 +241,24 @@ def test_thread_pool_after_fork() -> None:
     with ctx.Pool(1) as pool:
         got = pool.apply(_matmul_threads, (x, blocks, qtype, k, 2))
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("qname", list(REAL))
+def test_prefill_matmul_in_bfloat16(qname: str) -> None:
+    """``gemm_bf16``: x and W rounded to bfloat16, the products summed in float32 and the
+    result rounded to bfloat16 (torch's CPU bfloat16 matmul): within one bfloat16 step of the
+    float64 product of the rounded operands (gguf-py's weights), and exactly the float32 kernel
+    below GEMM_MIN_ROWS rows (decode)."""
+    in_features = 512
+    blocks = _random_blocks(qname, 40, in_features, seed=11)
+    ref = _reference(blocks, qname).astype(np.float64)
+    x = torch.randn(gl.GEMM_MIN_ROWS + 3, in_features, generator=torch.Generator().manual_seed(11))
+    y = gl.gguf_matmul(x, blocks, gl.QTYPES[qname], in_features, gemm_bf16=True).double().numpy()
+    xb = x.to(torch.bfloat16).double().numpy()
+    wb = torch.from_numpy(ref).to(torch.bfloat16).double().numpy()
+    want = xb @ wb.T
+    np.testing.assert_allclose(y, want, rtol=2.0**-7, atol=1e-4 * np.abs(want).max())
+    assert not np.allclose(y, x.double().numpy() @ ref.T, rtol=1e-6, atol=0)  # it did round
+    few = x[: gl.GEMM_MIN_ROWS - 1]
+    assert torch.equal(gl.gguf_matmul(few, blocks, gl.QTYPES[qname], in_features, gemm_bf16=True),
+                       gl.gguf_matmul(few, blocks, gl.QTYPES[qname], in_features))  # fmt: skip
