@@ -6,8 +6,9 @@ For each thread count: single-stream decode tok/s, the aggregate output tok/s of
 streams (greedy, ignore_eos, 64 new tokens each, the same prompts everywhere) and the time to
 first token of a 512-token prompt. Engines:
 * ``aserve gguf``: the GGUF's own blocks on aserve's CPU kernel (``dtype="gguf"``);
-* ``aserve gguf, float32 head`` (``--float-head``): the same with ``gguf_head="float32"`` (the
-  default head takes 8-bit activations on a CPU with AVX-512 VNNI);
+* ``aserve gguf, float32 head and prefill`` (``--exact``): the same with ``gguf_head`` and
+  ``gguf_prefill`` float32 (the defaults take an 8-bit head and bfloat16 prefill matmuls on a
+  CPU with AVX-512 VNNI and BF16);
 * ``aserve float32``: the blocks dequantized to float32 (the reference path);
 * ``llama.cpp``: the same GGUF through ``llama-cpp-python`` (the ``bench`` extra), when
   installed: single stream and TTFT (its Python API decodes one sequence);
@@ -52,9 +53,10 @@ def long_prompt_ids(seed: int) -> list[int]:
     return [2, *torch.randint(1000, 200_000, (LONG_PROMPT - 1,), generator=g).tolist()]
 
 
-async def _aserve(dtype: str, threads: int, gguf_head: str | None = None) -> dict[str, Any]:
+async def _aserve(dtype: str, threads: int, exact: bool = False) -> dict[str, Any]:
     params = aserve.SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
-    async with aserve.Engine(model="gemma-3-270m", dtype=dtype, num_threads=threads, gguf_head=gguf_head) as engine:
+    precision: dict[str, Any] = {"gguf_head": "float32", "gguf_prefill": "float32"} if exact else {}
+    async with aserve.Engine(model="gemma-3-270m", dtype=dtype, num_threads=threads, **precision) as engine:
         r = await engine.complete(PROMPTS[0], params)
         ttft = r.metrics["ttft_s"]
         single = (NEW - 1) / (r.metrics["e2e_s"] - ttft)
@@ -69,7 +71,7 @@ async def _aserve(dtype: str, threads: int, gguf_head: str | None = None) -> dic
         st = engine.stats()
         weights = engine.info()["weights"]
     return {
-        "engine": f"aserve {dtype}" + (f", {gguf_head} head" if gguf_head else ""),
+        "engine": f"aserve {dtype}" + (", float32 head and prefill" if exact else ""),
         "weights": weights,
         "single_decode_tok_s": single,
         "concurrent16_tok_s": 16 * NEW / wall,
@@ -83,8 +85,8 @@ def _aserve_gguf(threads: int) -> dict[str, Any]:
     return anyio.run(_aserve, "gguf", threads)
 
 
-def _aserve_gguf_float_head(threads: int) -> dict[str, Any]:
-    return anyio.run(_aserve, "gguf", threads, "float32")
+def _aserve_gguf_exact(threads: int) -> dict[str, Any]:
+    return anyio.run(_aserve, "gguf", threads, True)
 
 
 def _aserve_float32(threads: int) -> dict[str, Any]:
@@ -171,14 +173,15 @@ def main() -> None:
                     help="thread counts to run every engine with (default: 1, 2 and all cores)")  # fmt: skip
     ap.add_argument("--no-float32", dest="float32", action="store_false", help="leave out aserve float32")
     ap.add_argument("--transformers", action="store_true", help="add transformers generate")
-    ap.add_argument("--float-head", action="store_true", help="add aserve gguf with gguf_head='float32'")
+    ap.add_argument("--exact", action="store_true",
+                    help="add aserve gguf with gguf_head and gguf_prefill float32 (the exact path)")  # fmt: skip
     args = ap.parse_args()
     threads = list(dict.fromkeys(args.threads))
     rows = []
     for n in threads:
         runs: list[tuple[str, Callable[[int], dict[str, Any] | None]]] = [("aserve gguf", _aserve_gguf)]
-        if args.float_head:
-            runs.append(("aserve gguf, float32 head", _aserve_gguf_float_head))
+        if args.exact:
+            runs.append(("aserve gguf, float32 head and prefill", _aserve_gguf_exact))
         if args.float32:
             runs.append(("aserve float32", _aserve_float32))
         runs.append(("llama.cpp", _llama_cpp))
