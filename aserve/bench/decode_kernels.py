@@ -7,7 +7,7 @@ parameters swept at the decode floor's shapes (issue 15: batch 256, context 1024
 * ``sweep``: random bf16 queries and a paged cache filled as a fresh pool fills it (each
   sequence's slots in one run) and, as a check, shuffled; every launch configuration is
   captured in a CUDA graph of 20 calls and replayed (no launch cost), its output compared with
-  the default configuration's. Bandwidth = the KV bytes the kernel must read / its time.
+  the default configuration's (``gpu_workloads.graph_time_us``). Bandwidth = the KV bytes the kernel must read / its time.
 * ``step``: an engine at the floor's shapes (random weights), all requests decoding; the torch
   profiler records a window of whole decode steps (CUDA graph replays) and the table gives each
   kernel's device time per step, so the step's distance from its floor is charged to kernels.
@@ -31,6 +31,7 @@ import torch
 import aserve
 from aserve.attention.triton_paged import DecodeLaunch, _decode, decode_launch
 from aserve.bench.checkpoints import SHAPES, build_checkpoint
+from aserve.bench.gpu_workloads import graph_time_us
 
 BATCH, CONTEXT = 256, 1024
 
@@ -40,27 +41,6 @@ def _layers(shape: str) -> list[tuple[str, int | None]]:
     s = SHAPES[shape]
     window = s.get("sliding_window")
     return [("global", None)] if window is None else [("window", int(window)), ("global", None)]
-
-
-def _time_graph(fn: Any, reps: int = 20, replays: int = 10) -> float:
-    """Seconds per call of ``fn``, from replays of a CUDA graph that calls it ``reps`` times."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(replays):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3 / reps)
-    return best
 
 
 def sweep(shape: str, configs: list[DecodeLaunch], shuffled: bool, batch: int = BATCH) -> list[dict[str, Any]]:
@@ -89,8 +69,9 @@ def sweep(shape: str, configs: list[DecodeLaunch], shuffled: bool, batch: int = 
             o = torch.empty_like(q)
             row: dict[str, Any] = {"shape": shape, "batch": batch, "layer": label, "shuffled": shuffled, **cfg.__dict__}
             try:
-                t = _time_graph(functools.partial(_decode, q, k_cache, v_cache, table, rows, seq_lens, CONTEXT,
-                                                  scale, window, o, cfg))  # fmt: skip
+                call = functools.partial(_decode, q, k_cache, v_cache, table, rows, seq_lens, CONTEXT, scale, window,
+                                         o, cfg)  # fmt: skip
+                t = graph_time_us(call, "cuda") / 1e6
             except Exception as e:  # out of shared memory or registers: this configuration does not run
                 row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
                 out.append(row)

@@ -234,7 +234,7 @@ def w3_online(path: Path, rates: list[float], num_requests: int, in_len: int, ou
     return rows
 
 
-def _graph_time_us(fn: Any, device: str, reps: int = 20, replays: int = 10) -> float:
+def graph_time_us(fn: Any, device: str, reps: int = 20, replays: int = 10) -> float:
     """Device time of one ``fn()`` call: ``reps`` calls captured in one CUDA graph and
     replayed, so host launch cost is excluded (on a CPU: the wall time of direct calls)."""
     for _ in range(3):
@@ -339,7 +339,7 @@ def small_op_compare(device: str, dtype: str, tokens: list[int], compile_ops: bo
                 if compile_ops:
                     variants.append(("compile", torch.compile(eager, dynamic=False)))
                 for label, fn in variants:
-                    row[f"{label}_device_us"] = _graph_time_us(fn, device)
+                    row[f"{label}_device_us"] = graph_time_us(fn, device)
                     row[f"{label}_wall_us"] = _eager_time_us(fn, device)
             rows.append(row)
             print(json.dumps(row), flush=True)
