@@ -205,18 +205,6 @@ class DecodeLaunch:
     splits: int = 0
 
 
-def decode_launch() -> DecodeLaunch:
-    """The decode kernel's launch parameters: the defaults, or ``ASERVE_DECODE_LAUNCH`` =
-    ``block_n,num_warps,num_stages`` (for benchmarks; read once per process).
-
-    A sweep at batch 256, context 1024 on an H200 (``python -m aserve.bench.decode_kernels``)
-    put 64 keys a block with two stages 10% ahead for Llama 3.2 1B's 64-wide heads in
-    isolation; in the whole decode step (graph replays, the same call) it was on par there
-    (4.26 against 4.29 / 4.30 ms) and far behind on Gemma 3 270M's 256-wide heads (2.25
-    against 1.64 / 1.65 ms): the defaults stay."""
-    return _DECODE_LAUNCH
-
-
 def _decode_launch_from_env() -> DecodeLaunch:
     spec = os.environ.get("ASERVE_DECODE_LAUNCH")
     if not spec:
@@ -225,7 +213,13 @@ def _decode_launch_from_env() -> DecodeLaunch:
     return DecodeLaunch(block_n=block_n, num_warps=num_warps, num_stages=num_stages)
 
 
-_DECODE_LAUNCH = _decode_launch_from_env()
+# The decode kernel's launch parameters: DecodeLaunch's defaults, or ``ASERVE_DECODE_LAUNCH`` =
+# ``block_n,num_warps,num_stages`` (for benchmarks; read at import). A sweep at batch 256,
+# context 1024 on an H200 (``python -m aserve.bench.decode_kernels``) put 64 keys a block with
+# two stages 10% ahead for Llama 3.2 1B's 64-wide heads in isolation; in the whole decode step
+# (graph replays, the same call) it was on par there (4.26 against 4.29 / 4.30 ms) and far
+# behind on Gemma 3 270M's 256-wide heads (2.25 against 1.64 / 1.65 ms): the defaults stay.
+DECODE_LAUNCH = _decode_launch_from_env()
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table: torch.Tensor, rows: torch.Tensor,
@@ -238,7 +232,7 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     t = rows.shape[0]
     hkv = k_cache.shape[1]
     group = h // hkv
-    cfg = launch or decode_launch()
+    cfg = launch or DECODE_LAUNCH
     splits = cfg.splits or num_decode_splits(t, hkv, bound)
     # One split: the kernel writes ``out``; more: partial outputs merged by a second kernel.
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device) if splits > 1 else out

@@ -29,7 +29,7 @@ import anyio
 import torch
 
 import aserve
-from aserve.attention.triton_paged import DecodeLaunch, _decode, decode_launch
+from aserve.attention.triton_paged import DECODE_LAUNCH, DecodeLaunch, _decode
 from aserve.bench.checkpoints import SHAPES, build_checkpoint
 from aserve.bench.gpu_workloads import graph_time_us
 
@@ -179,7 +179,7 @@ def main() -> None:
         results["sweep"] = []
         for shape, batch in itertools.product(shapes, ints(args.batches)):
             results["sweep"] += sweep(shape, configs, shuffled=False, batch=batch)
-            results["sweep"] += sweep(shape, [decode_launch()], shuffled=True, batch=batch)
+            results["sweep"] += sweep(shape, [DECODE_LAUNCH], shuffled=True, batch=batch)
             out.write_text(json.dumps(results, indent=1))
     if "step" in only:
         opts = {"attention_backend": "triton", **parse_engine_opts(args.engine_opt)}

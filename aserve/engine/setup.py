@@ -23,10 +23,10 @@ from aserve.models.loader import cache_dir, load_model
 from aserve.progress import phase
 from aserve.scheduler.sizing import BatchSizes, choose_batch_sizes
 from aserve.tokenizer.tokenizer import Tokenizer
+from aserve.tokenizer.tokenizer import load_tokenizer as _load_tokenizer
 
 if TYPE_CHECKING:
     from aserve.kernels.gguf_linear import GGUFLinear
-from aserve.tokenizer.tokenizer import load_tokenizer as _load_tokenizer
 
 _CPU_MAX_CONTEXT = 8192
 log = get_logger("aserve.engine")

@@ -469,37 +469,47 @@ static void i8_rows_portable(const struct job *j, int64_t start, int64_t end) {
 }
 
 #ifdef HAVE_X86_COPIES
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
-static void i8_rows_vnni(const struct job *j, int64_t start, int64_t end) {
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+
+/* A Q8_0 block's scale d, its 32 quants, and sum(q): the bytes q + 128 summed as unsigned
+ * (vpsadbw), less 32 * 128. */
+VNNI_TARGET static inline int32_t q8_block_vnni(const uint8_t *blk, float *d, __m256i *qv) {
+    *d = _cvtsh_ss((unsigned short)(blk[0] | blk[1] << 8));
+    *qv = _mm256_loadu_si256((const __m256i *)(blk + 2));
+    const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(*qv, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
+    const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
+    return (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+}
+
+/* One row of x against weight row w, a block at a time (32 bytes of xq + 128 against the
+ * block's quants): the lanes' sums for that row, for groups too small to fill the lanes. */
+VNNI_TARGET static float i8_row_vnni(const struct job *j, const uint8_t *w, int64_t row) {
+    const int64_t nb = j->k / 32;
+    const int8_t *xr = j->xq + row * j->k;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < nb; b++) {
+        float d;
+        __m256i qv;
+        const int32_t s = q8_block_vnni(w + b * 34, &d, &qv);
+        const __m256i xv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xr + 32 * b)),
+                                            _mm256_set1_epi8((char)0x80)); /* xq + 128 */
+        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), xv, qv);
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        acc = fmaf((float)(_mm_cvtsi128_si32(h) - 128 * s), d * j->xd[row * nb + b], acc);
+    }
+    return acc;
+}
+
+VNNI_TARGET static void i8_rows_vnni(const struct job *j, int64_t start, int64_t end) {
     const int64_t nb = j->k / 32;
     for (int64_t r = start; r < end; r++) {
         const uint8_t *w = j->w + r * j->row_bytes;
         for (int64_t g = 0; g < j->groups; g++) {
             const int64_t rows = j->m - 16 * g < 16 ? j->m - 16 * g : 16;
             if (rows <= 3) { /* a lane per row would idle 13 of 16: one row at a time, the same sums */
-                for (int64_t l = 0; l < rows; l++) {
-                    const int64_t row = 16 * g + l;
-                    const int8_t *xr = j->xq + row * j->k;
-                    float acc = 0.0f;
-                    for (int64_t b = 0; b < nb; b++) {
-                        const uint8_t *blk = w + b * 34;
-                        const float d = _cvtsh_ss((unsigned short)(blk[0] | blk[1] << 8));
-                        const __m256i qv = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                        const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qv, _mm256_set1_epi8((char)0x80)),
-                                                            _mm256_setzero_si256());
-                        const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-                        const int32_t s = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
-                        const __m256i xv = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(xr + 32 * b)),
-                                                            _mm256_set1_epi8((char)0x80)); /* xq + 128 */
-                        const __m256i p = _mm256_dpbusd_epi32(_mm256_setzero_si256(), xv, qv);
-                        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1));
-                        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
-                        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-                        const int32_t isum = _mm_cvtsi128_si32(h) - 128 * s;
-                        acc = fmaf((float)isum, d * j->xd[row * nb + b], acc);
-                    }
-                    j->y[row * j->n + r] = acc;
-                }
+                for (int64_t l = 0; l < rows; l++) j->y[(16 * g + l) * j->n + r] = i8_row_vnni(j, w, 16 * g + l);
                 continue;
             }
             const uint8_t *xt = j->xt + g * j->k * 16;
@@ -507,12 +517,9 @@ static void i8_rows_vnni(const struct job *j, int64_t start, int64_t end) {
             __m512 acc = _mm512_setzero_ps();
             for (int64_t b = 0; b < nb; b++) {
                 const uint8_t *blk = w + b * 34;
-                const float d = _cvtsh_ss((unsigned short)(blk[0] | blk[1] << 8));
-                const __m256i qv = _mm256_loadu_si256((const __m256i *)(blk + 2));
-                /* sum(q): bytes q + 128 summed as unsigned (vpsadbw), less 32 * 128 */
-                const __m256i sad = _mm256_sad_epu8(_mm256_xor_si256(qv, _mm256_set1_epi8((char)0x80)), _mm256_setzero_si256());
-                const __m128i s2 = _mm_add_epi64(_mm256_castsi256_si128(sad), _mm256_extracti128_si256(sad, 1));
-                const int32_t s = (int32_t)(_mm_cvtsi128_si64(s2) + _mm_extract_epi64(s2, 1)) - 32 * 128;
+                float d;
+                __m256i qv;
+                const int32_t s = q8_block_vnni(blk, &d, &qv);
                 /* four independent sums: vpdpbusd's latency, not its throughput, bounds one chain */
                 __m512i ai[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(),
                                  _mm512_setzero_si512()};
@@ -535,6 +542,7 @@ static void i8_rows_vnni(const struct job *j, int64_t start, int64_t end) {
         }
     }
 }
+#undef VNNI_TARGET
 #endif
 
 

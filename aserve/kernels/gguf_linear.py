@@ -69,18 +69,11 @@ def gguf_matmul(
     x = x.contiguous()
     m, n = x.shape[0], blocks.shape[0]
     if m >= GEMM_MIN_ROWS:
-        if gemm_bf16:
-            xb = x.to(torch.bfloat16)
-            return torch.cat(
-                [(xb @ dequantize_rows(blocks[s : s + _GEMM_CHUNK_ROWS], qtype, in_features).to(torch.bfloat16).t())
-                 .float() for s in range(0, n, _GEMM_CHUNK_ROWS)], dim=1,
-            )  # fmt: skip
-        if n <= _GEMM_CHUNK_ROWS:
-            return x @ dequantize_rows(blocks, qtype, in_features).t()
-        return torch.cat(
-            [x @ dequantize_rows(blocks[s : s + _GEMM_CHUNK_ROWS], qtype, in_features).t()
-             for s in range(0, n, _GEMM_CHUNK_ROWS)], dim=1,
-        )  # fmt: skip
+        dtype = torch.bfloat16 if gemm_bf16 else torch.float32  # .to(): a no-op for float32
+        xc = x.to(dtype)
+        parts = [xc @ dequantize_rows(blocks[s : s + _GEMM_CHUNK_ROWS], qtype, in_features).to(dtype).t()
+                 for s in range(0, n, _GEMM_CHUNK_ROWS)]  # fmt: skip
+        return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).float()
     y = torch.empty(m, n, dtype=torch.float32)
     _k().matmul(qtype, blocks.data_ptr(), n, in_features, x.data_ptr(), m, y.data_ptr(), torch.get_num_threads())
     return y
