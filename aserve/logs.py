@@ -43,7 +43,9 @@ def configure_logging(fmt: str = "console", level: int = logging.INFO) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         # Resolve sys.stderr per logger, not once: it may be swapped (test capture, daemons).
-        logger_factory=lambda *args: structlog.PrintLogger(file=sys.stderr),
+        # WriteLogger writes the line and its newline in one call; PrintLogger's print() makes
+        # two, and API workers sharing the parent's stderr then splice each other's lines.
+        logger_factory=lambda *args: structlog.WriteLogger(file=sys.stderr),
         cache_logger_on_first_use=False,
     )
     handler = _StderrHandler()

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
@@ -65,3 +68,23 @@ def test_configuring_twice_keeps_one_handler(restore_logging: None, capsys: pyte
     configure_logging("json")
     logging.getLogger("hypercorn.error").error("once")
     assert len(capsys.readouterr().err.splitlines()) == 1
+
+
+_WRITER = """
+from aserve.logs import configure_logging, get_logger
+configure_logging("json")
+log = get_logger("aserve.test")
+for i in range(2000):
+    log.info("request", worker={worker}, i=i, path="/v1/completions", status=499)
+"""
+
+
+def test_processes_sharing_stderr_never_split_a_line(tmp_path: Path) -> None:
+    """API workers inherit the parent's stderr: each event must reach it in one write, or two
+    workers' lines interleave mid-line (seen in CI as ``status=4992026-...``)."""
+    log_path = tmp_path / "shared.log"
+    with log_path.open("w") as shared:
+        procs = [subprocess.Popen([sys.executable, "-c", _WRITER.format(worker=w)], stderr=shared) for w in range(3)]
+        assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    events = [json.loads(line) for line in log_path.read_text().splitlines()]
+    assert sorted((e["worker"], e["i"]) for e in events) == [(w, i) for w in range(3) for i in range(2000)]
