@@ -19,8 +19,10 @@ from aserve.lazy import lazy_attributes
 # weights". Set OMP_WAIT_POLICY yourself to keep another policy. Where torch was imported
 # before aserve, its policy is already fixed and this changes nothing (the engine logs it).
 TORCH_IMPORTED_FIRST = "torch" in sys.modules
-if not TORCH_IMPORTED_FIRST:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Whether the line below set it (a benchmark starts its peers without it: llama_peer.py).
+OMP_WAIT_POLICY_SET_HERE = not TORCH_IMPORTED_FIRST and "OMP_WAIT_POLICY" not in os.environ
+if OMP_WAIT_POLICY_SET_HERE:
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
 if TYPE_CHECKING:
     from aserve.config import EngineConfig

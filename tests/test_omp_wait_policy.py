@@ -9,10 +9,15 @@ default (they spin ~3 ms), 30000000000 ACTIVE. That line is libgomp's own, not a
 
 from __future__ import annotations
 
+import ast
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,3 +62,34 @@ def test_torch_imported_first_is_left_alone_and_reported() -> None:
     assert (first, in_env) == ("True", "False")
     assert spin == "GOMP_SPINCOUNT = '300000'"  # libgomp's default, as torch loaded it
     assert "torch was imported before aserve" in reported
+
+
+def test_the_benchmark_gives_its_peer_the_users_environment() -> None:
+    """cpu_bench starts llama.cpp without the PASSIVE that aserve's import added (llama.cpp's
+    OpenMP runtime reads the same variable), but keeps a policy the user set."""
+    code = "import os, aserve.bench.cpu_bench as c; print(os.environ.get('OMP_WAIT_POLICY'), c.peer_env().get('OMP_WAIT_POLICY'))"
+    out, _ = _libgomp_settings(code)
+    assert out.splitlines()[-1] == "PASSIVE None"
+    out, _ = _libgomp_settings(code, OMP_WAIT_POLICY="ACTIVE")
+    assert out.splitlines()[-1] == "ACTIVE ACTIVE"
+
+
+def test_the_llama_cpp_peer_never_imports_aserve() -> None:
+    """llama_peer.py runs by path; importing aserve there would set the policy again."""
+    peer = ROOT / "aserve" / "bench" / "llama_peer.py"
+    tree = ast.parse(peer.read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    assert "aserve" not in imported, imported
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama-cpp-python (the bench extra) is not installed")
+    from aserve.bench.cpu_bench import peer_env
+    from aserve.models.loader import resolve_model_path
+
+    work = json.dumps({"prompt": "Hello", "long_prompts": [[2, 1000, 1001]]})
+    r = subprocess.run([sys.executable, str(peer), str(resolve_model_path("gemma-3-270m")), "1", "3"], input=work,
+                       env={**peer_env(), "OMP_DISPLAY_ENV": "VERBOSE"}, capture_output=True, text=True, timeout=300,
+                       check=True)  # fmt: skip
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["decode_s"] > 0 and len(out["ttft_s"]) == 1
+    assert "GOMP_SPINCOUNT = '300000'" in r.stderr  # llama.cpp's libgomp took its own default

@@ -11,7 +11,9 @@ first token of a 512-token prompt. Engines:
   CPU with AVX-512 VNNI and BF16);
 * ``aserve float32``: the blocks dequantized to float32 (the reference path);
 * ``llama.cpp``: the same GGUF through ``llama-cpp-python`` (the ``bench`` extra), when
-  installed: single stream and TTFT (its Python API decodes one sequence);
+  installed: single stream and TTFT (its Python API decodes one sequence), in a process of its
+  own with the environment this one was started with (``llama_peer.py``: aserve's import sets
+  an OpenMP policy that llama.cpp's runtime would read too);
 * ``transformers``: ``generate`` on the same weights dequantized to float32 (``--transformers``).
 Machine, date and load average go into the JSON: the figures mean little on a busy machine.
 """
@@ -19,9 +21,12 @@ Machine, date and load average go into the JSON: the figures mean little on a bu
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -93,43 +98,38 @@ def _aserve_float32(threads: int) -> dict[str, Any]:
     return anyio.run(_aserve, "float32", threads)
 
 
-def _llama_cpp(threads: int) -> dict[str, Any] | None:
-    try:
-        import llama_cpp
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    import numpy as np
+def peer_env() -> dict[str, str]:
+    """The environment the user started us with: aserve's import added OMP_WAIT_POLICY=PASSIVE
+    for torch's threads, which is not llama.cpp's default (its OpenMP threads spin)."""
+    env = dict(os.environ)
+    if aserve.OMP_WAIT_POLICY_SET_HERE:
+        env.pop("OMP_WAIT_POLICY", None)
+    return env
 
+
+def _llama_cpp(threads: int) -> dict[str, Any] | None:
+    """llama.cpp in a process of its own (``llama_peer.py``, run by path), with the user's
+    environment rather than the one aserve's import leaves behind."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        return None
     from aserve.models.loader import resolve_model_path
 
-    llm = Llama(str(resolve_model_path("gemma-3-270m")), n_ctx=2048, n_batch=LONG_PROMPT, n_threads=threads,
-                n_threads_batch=threads, verbose=False)  # fmt: skip
-    prompt = llm.tokenize(PROMPTS[0].encode(), add_bos=True)
-
-    def greedy(ids: list[int], n: int) -> tuple[float, float]:
-        """(seconds to the first token, seconds for the next n - 1)."""
-        llm.reset()
-        t0 = time.perf_counter()
-        llm.eval(ids)
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        t1 = time.perf_counter()
-        for _ in range(n - 1):
-            llm.eval([tok])
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        return t1 - t0, time.perf_counter() - t1
-
-    greedy(prompt, 4)  # warm-up
-    _, decode = greedy(prompt, NEW)
-    ttfts = [greedy(long_prompt_ids(s), 1)[0] for s in range(2)]
+    work = {"prompt": PROMPTS[0], "long_prompts": [long_prompt_ids(s) for s in range(2)]}
+    peer = Path(__file__).with_name("llama_peer.py")
+    cmd = [sys.executable, str(peer), str(resolve_model_path("gemma-3-270m")), str(threads), str(NEW)]
+    done = subprocess.run(cmd, input=json.dumps(work), capture_output=True, text=True, env=peer_env(), check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"llama_peer.py failed ({done.returncode}): {done.stderr[-2000:]}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
     return {
-        "engine": f"llama.cpp {llama_cpp.__version__}",
+        "engine": f"llama.cpp {out['version']}",
         "weights": "the GGUF as shipped",
-        "single_decode_tok_s": (NEW - 1) / decode,
+        "single_decode_tok_s": (NEW - 1) / out["decode_s"],
         "concurrent16_tok_s": None,
-        "ttft512_s": min(ttfts),
-        "ttft512_runs_s": ttfts,
+        "ttft512_s": min(out["ttft_s"]),
+        "ttft512_runs_s": out["ttft_s"],
         "median_decode_gap_ms": None,
+        "env": out["env"],
     }
 
 
