@@ -213,7 +213,7 @@ FLAG_HELP: dict[str, str] = {
     "stream_interval": "wake a stream's reader for its first token, then every N tokens",
     "radix_cache": "do not reuse the KV of shared prefixes",
     "attention_backend": "paged attention kernels (auto: triton on CUDA, torch on a CPU)",
-    "fused_ops": "Triton RMSNorm/rotary/activation kernels (default: on with CUDA and triton)",
+    "fused_ops": "fused RMSNorm/rotary/activation kernels: Triton on CUDA (default: on with triton), C on a CPU (attention too; default: on with GGUF blocks)",
     "cuda_graph": "decode steps replayed from CUDA graphs (default: on with CUDA and triton)",
     "cuda_graph_max_tokens": "with CUDA graphs on, prefill and mixed steps of up to this many tokens replay "
     "from graphs too (default: the step's token budget; 0: decode steps only)",

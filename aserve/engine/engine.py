@@ -309,7 +309,7 @@ class Engine:
             "full_context_requests_that_fit": pool.total_tokens // pool.max_context,
             "overlap": cfg.overlap,
             "attention_backend": cfg.resolved_attention_backend,
-            "fused_ops": cfg.use_fused_ops,
+            "fused_ops": parts.fused_ops,
             "cuda_graph": self.runner.decode_graphs is not None,
             # The largest prefill/mixed step a graph serves (0: those steps run eagerly).
             "cuda_graph_max_tokens": 0 if self.runner.extend_graphs is None else self.runner.extend_graphs.sizes[-1],

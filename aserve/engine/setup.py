@@ -45,6 +45,7 @@ class LoadedEngine:
     load_s: float
     sizes: BatchSizes  # max_running_requests and max_num_batched_tokens as resolved
     weights: str  # what the matmuls read: "gguf blocks (...)" or the dtype's name
+    fused_ops: bool  # norms, rotary (and on a CPU attention) as fused kernels: Triton or C
 
 
 def available_cpus() -> int:
@@ -70,6 +71,21 @@ def omp_wait_policy() -> str:
         return value
     first = " (torch was imported before aserve)" if aserve.TORCH_IMPORTED_FIRST else ""
     return f"unset: libgomp's default, idle threads spin ~3 ms{first}"
+
+
+def use_fused_ops(cfg: EngineConfig, device: torch.device, gguf_blocks: bool) -> bool:
+    """Whether norms, rotary and attention run as fused kernels: Triton on a GPU (the config's
+    default), the C small ops (kernels/cpu_ops.py) on a CPU, where unset means on with the
+    GGUF-block path (the exact float32 path keeps torch's eager ops)."""
+    if device.type != "cpu":
+        return cfg.use_fused_ops
+    from aserve.kernels import cpu_ops
+
+    if cfg.fused_ops and not cpu_ops.available():
+        from aserve.kernels.gguf_linear import unavailable_reason
+
+        raise InvalidRequestError(f"fused_ops on a CPU needs aserve's C kernel, not built: {unavailable_reason()}")
+    return gguf_blocks if cfg.fused_ops is None else cfg.fused_ops
 
 
 def use_gguf_blocks(cfg: EngineConfig, device: torch.device) -> bool:
@@ -203,7 +219,8 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
         model_config, model, path = load_model(cfg.model, dtype, device, progress=update, gguf_blocks=blocks)
     use_head_int8(cfg, model, blocks)
     use_prefill_bf16(cfg, model, blocks)
-    if cfg.use_fused_ops:
+    fused = use_fused_ops(cfg, device, blocks)
+    if fused:
         from aserve.models.layers import set_fused_ops
 
         set_fused_ops(model, True)
@@ -263,6 +280,7 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
         load_s=time.perf_counter() - t0,
         sizes=sizes,
         weights=_describe_weights(model, dtype),
+        fused_ops=fused,
     )
 
 

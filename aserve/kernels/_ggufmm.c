@@ -166,8 +166,10 @@ struct job {
     float *y;
     const int64_t *rows;
     int64_t chunk_rows;
+    /* A call that runs its own loop over rows start .. end (matmul_q8_0_i8, attend): */
+    void (*rowfn)(const struct job *, int64_t, int64_t);
+    const void *ctx; /* its arguments, where the fields below do not hold them */
     /* matmul_q8_0_i8: 8-bit activations in groups of 16 rows (see there) */
-    void (*i8fn)(const struct job *, int64_t, int64_t);
     const uint8_t *xt;
     const float *xs;
     int64_t groups;
@@ -216,8 +218,8 @@ static int grow(float **buf, int64_t *cap, int64_t floats) {
  * then their dot products with every row of x; or rows of W dequantized straight into y. */
 static void run_chunk(const struct job *j, int64_t c, float *buf) {
     const int64_t start = c * j->chunk_rows, end = start + j->chunk_rows < j->n ? start + j->chunk_rows : j->n;
-    if (j->i8fn != NULL) {
-        j->i8fn(j, start, end);
+    if (j->rowfn != NULL) {
+        j->rowfn(j, start, end);
         return;
     }
     if (j->dequant) {
@@ -307,7 +309,7 @@ static int ready_helpers(int want, int64_t k) {
 static int run_job(const struct job *j, int64_t nchunks, int threads) {
     float *own = NULL;
     int64_t cap = 0;
-    if (!j->dequant && j->i8fn == NULL && grow(&own, &cap, 4 * j->k) != 0) return -1;
+    if (!j->dequant && j->rowfn == NULL && grow(&own, &cap, 4 * j->k) != 0) return -1;
     int helpers = threads - 1 < MAX_HELPERS ? threads - 1 : MAX_HELPERS;
     if (helpers > nchunks - 1) helpers = (int)(nchunks - 1);
     if (helpers < 1 || pthread_mutex_trylock(&submit_lock) != 0) {
@@ -316,7 +318,7 @@ static int run_job(const struct job *j, int64_t nchunks, int threads) {
         free(own);
         return 0;
     }
-    helpers = ready_helpers(helpers, j->dequant || j->i8fn != NULL ? 0 : j->k);
+    helpers = ready_helpers(helpers, j->dequant || j->rowfn != NULL ? 0 : j->k);
     job = *j;
     atomic_store_explicit(&done, 0, memory_order_relaxed);
     atomic_store_explicit(&allowed, helpers, memory_order_relaxed);
@@ -346,6 +348,8 @@ static int64_t chunk_rows_for(int64_t n, int64_t unit, int threads) {
     while ((n + rows - 1) / rows > MAX_CHUNKS) rows *= 2;
     return rows;
 }
+
+#include "_cpu_ops.h"
 
 /* ---- Python entry points ------------------------------------------------------------- */
 
@@ -586,7 +590,7 @@ static PyObject *py_matmul_q8_0_i8(PyObject *self, PyObject *args) {
             for (int64_t b = 0; b < nb; b++) xs[(g * nb + b) * 16 + l] = row < m ? xd[row * nb + b] : 0.0f;
         }
     struct job j = {0};
-    j.i8fn = i8_rows_fn();
+    j.rowfn = i8_rows_fn();
     j.w = (const uint8_t *)(uintptr_t)wp;
     j.row_bytes = nb * 34;
     j.k = k;
@@ -608,6 +612,103 @@ static PyObject *py_matmul_q8_0_i8(PyObject *self, PyObject *args) {
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
+
+/* ---- The small ops of a forward pass (_cpu_ops.h) ----------------------------------------
+ * Pointers to contiguous float32 tensors; the Python side (cpu_ops.py) checks shapes. */
+
+#define PTR(v) ((float *)(uintptr_t)(v))
+
+/* rmsnorm(x, w, y, rows, dim, eps, gemma) */
+static PyObject *py_rmsnorm(PyObject *self, PyObject *args) {
+    unsigned long long xp, wp, yp;
+    long long rows, dim;
+    float eps;
+    int gemma;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKLLfp", &xp, &wp, &yp, &rows, &dim, &eps, &gemma)) return NULL;
+    ops_rmsnorm(PTR(xp), PTR(wp), PTR(yp), rows, dim, eps, gemma);
+    Py_RETURN_NONE;
+}
+
+/* add_rmsnorm(x, residual, w, xw or 0, h, y, rows, dim, eps, xeps, gemma) */
+static PyObject *py_add_rmsnorm(PyObject *self, PyObject *args) {
+    unsigned long long xp, rp, wp, xwp, hp, yp;
+    long long rows, dim;
+    float eps, xeps;
+    int gemma;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKKKLLffp", &xp, &rp, &wp, &xwp, &hp, &yp, &rows, &dim, &eps, &xeps, &gemma))
+        return NULL;
+    ops_add_rmsnorm(PTR(xp), PTR(rp), PTR(wp), xwp ? PTR(xwp) : NULL, PTR(hp), PTR(yp), rows, dim, eps, xeps, gemma);
+    Py_RETURN_NONE;
+}
+
+/* rotary(x, y, cos, sin, t, heads, d) */
+static PyObject *py_rotary(PyObject *self, PyObject *args) {
+    unsigned long long xp, yp, cp, sp;
+    long long t, heads, d;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKLLL", &xp, &yp, &cp, &sp, &t, &heads, &d)) return NULL;
+    ops_rotary(PTR(xp), PTR(yp), PTR(cp), PTR(sp), t, heads, d);
+    Py_RETURN_NONE;
+}
+
+/* store_kv(k, v, k_cache, v_cache, loc, t, row): k_cache[loc[i]] = k[i] (row floats each), same for v */
+static PyObject *py_store_kv(PyObject *self, PyObject *args) {
+    unsigned long long kp, vp, kcp, vcp, lp;
+    long long t, row;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKKLL", &kp, &vp, &kcp, &vcp, &lp, &t, &row)) return NULL;
+    const int64_t *loc = (const int64_t *)(uintptr_t)lp;
+    for (int64_t i = 0; i < t; i++) {
+        memcpy(PTR(kcp) + loc[i] * row, PTR(kp) + i * row, (size_t)row * sizeof(float));
+        memcpy(PTR(vcp) + loc[i] * row, PTR(vp) + i * row, (size_t)row * sizeof(float));
+    }
+    Py_RETURN_NONE;
+}
+
+/* Tokens start .. end of an attend call: a score buffer for the longest of them, then each. */
+static void attend_rows(const struct job *j, int64_t start, int64_t end) {
+    const struct attn_args *a = (const struct attn_args *)j->ctx;
+    int64_t most = 1;
+    for (int64_t i = start; i < end; i++) most = a->pos[i] + 1 > most ? a->pos[i] + 1 : most;
+    float *p = malloc((size_t)(most * (a->heads / a->kv_heads)) * sizeof(float));
+    if (p == NULL) abort(); /* a few KB per 1k positions; no way to report it from a helper */
+    for (int64_t i = start; i < end; i++) ops_attend_token(a, i, p);
+    free(p);
+}
+
+/* attend(q, k_cache, v_cache, table, table_stride, seq_row, pos, t, heads, kv_heads, d, window,
+ *        scale, softcap, out, threads): see ops_attend_token */
+static PyObject *py_attend(PyObject *self, PyObject *args) {
+    unsigned long long qp, kp, vp, tp, rp, pp, op;
+    long long stride, t, heads, kv_heads, d, window;
+    float scale, softcap;
+    int threads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKKLKKLLLLLffKi", &qp, &kp, &vp, &tp, &stride, &rp, &pp, &t, &heads, &kv_heads,
+                          &d, &window, &scale, &softcap, &op, &threads))
+        return NULL;
+    if (kv_heads <= 0 || heads % kv_heads != 0) {
+        PyErr_Format(PyExc_ValueError, "attend: %lld query heads over %lld KV heads", heads, kv_heads);
+        return NULL;
+    }
+    const struct attn_args a = {PTR(qp), PTR(kp), PTR(vp), (const int64_t *)(uintptr_t)tp, stride,
+                                (const int64_t *)(uintptr_t)rp, (const int64_t *)(uintptr_t)pp,
+                                heads, kv_heads, d, window, scale, softcap, PTR(op)};
+    struct job j = {0};
+    j.rowfn = attend_rows;
+    j.ctx = &a;
+    j.n = t;
+    j.chunk_rows = 1;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_job(&j, t, t > 1 ? threads : 1);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+#undef PTR
 
 /* i8_isa(): which copy matmul_q8_0_i8 runs ("vnni" or "portable") */
 static PyObject *py_i8_isa(PyObject *self, PyObject *args) {
@@ -671,6 +772,11 @@ static PyMethodDef methods[] = {
     {"matmul_q8_0_i8", py_matmul_q8_0_i8, METH_VARARGS, "y = x @ W^T, Q8_0 W, x as int8 blocks + scales (pointers)"},
     {"i8_isa", py_i8_isa, METH_NOARGS, "the copy matmul_q8_0_i8 runs: vnni or portable"},
     {"has_bf16", py_has_bf16, METH_NOARGS, "whether the CPU has AVX-512 BF16"},
+    {"rmsnorm", py_rmsnorm, METH_VARARGS, "RMSNorm of float32 rows (pointers)"},
+    {"add_rmsnorm", py_add_rmsnorm, METH_VARARGS, "residual add (optionally of a normed x), then RMSNorm"},
+    {"rotary", py_rotary, METH_VARARGS, "NeoX rotary embedding (pointers)"},
+    {"store_kv", py_store_kv, METH_VARARGS, "write K/V rows into their cache slots"},
+    {"attend", py_attend, METH_VARARGS, "attention of new tokens over their cached keys"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from types import ModuleType
 from typing import cast
 
 import torch
@@ -20,6 +21,18 @@ from aserve.models.config import RopeScaling
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+def fused_kernels(x: torch.Tensor) -> ModuleType:
+    """The fused ops for ``x``'s device: the Triton kernels on a GPU, the C ones on a CPU
+    (same functions, same signatures)."""
+    if x.device.type == "cpu":
+        from aserve.kernels import cpu_ops
+
+        return cpu_ops
+    from aserve.kernels import fused
+
+    return fused
+
+
 class RMSNorm(nn.Module):
     """RMSNorm; ``gemma=True`` scales by ``(1 + w)`` fully in float32 (as Gemma does),
     otherwise Llama style (normalise in float32, cast back, then multiply by ``w``)."""
@@ -29,14 +42,12 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.gemma = gemma
         self.weight = nn.Parameter(torch.zeros(dim) if gemma else torch.ones(dim))
-        self.fused = False  # set by set_fused_ops(): one Triton kernel instead of ~6 eager ops
+        self.fused = False  # set by set_fused_ops(): one kernel instead of ~6 eager ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., dim]
         if self.fused:
-            from aserve.kernels.fused import rmsnorm
-
-            return rmsnorm(x, self.weight, self.eps, self.gemma)
+            return fused_kernels(x).rmsnorm(x, self.weight, self.eps, self.gemma)
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.gemma:
@@ -48,12 +59,11 @@ def add_norm(
     x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, x_norm: RMSNorm | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the next norm: ``h = residual + x`` (``residual + x_norm(x)`` for
-    Gemma's sandwich norms), returns ``(h, norm(h))``. One Triton kernel when fused."""
+    Gemma's sandwich norms), returns ``(h, norm(h))``. One kernel when fused."""
     if norm.fused:
-        from aserve.kernels.fused import add_rmsnorm
-
         assert x_norm is None or x_norm.eps == norm.eps
-        return add_rmsnorm(x, residual, norm.weight, norm.eps, norm.gemma, None if x_norm is None else x_norm.weight)
+        xw = None if x_norm is None else x_norm.weight
+        return fused_kernels(x).add_rmsnorm(x, residual, norm.weight, norm.eps, norm.gemma, xw)
     h = residual + (x if x_norm is None else x_norm(x))
     return h, norm(h)
 
@@ -145,15 +155,13 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden]
         if self.fused:
-            from aserve.kernels.fused import gated
-
-            inter = self.gate_proj.weight.shape[0]
             if self.gate_up_weight is not None:
+                inter = self.gate_proj.weight.shape[0]
                 gu = F.linear(x, self.gate_up_weight)  # [T, 2 * inter]
                 gate, up = gu[:, :inter], gu[:, inter:]
             else:
                 gate, up = self.gate_proj(x), self.up_proj(x)
-            return self.down_proj(gated(gate, up, self.act))
+            return self.down_proj(fused_kernels(x).gated(gate, up, self.act))
         gate = self.gate_proj(x)  # [T, inter]
         gate = F.gelu(gate, approximate="tanh") if self.act == "gelu_tanh" else F.silu(gate)
         return self.down_proj(gate * self.up_proj(x))
@@ -236,9 +244,8 @@ class PagedSelfAttention(nn.Module):
             k = self.k_norm(k)
         cos, sin = cos_sin
         if self.fused:
-            from aserve.kernels.fused import rotary
-
-            q, k = rotary(q, cos, sin), rotary(k, cos, sin)
+            ops = fused_kernels(q)
+            q, k = ops.rotary(q, cos, sin), ops.rotary(k, cos, sin)
         else:
             q = apply_rotary(q, cos, sin)
             k = apply_rotary(k, cos, sin)
@@ -246,6 +253,10 @@ class PagedSelfAttention(nn.Module):
             from aserve.attention.triton_paged import paged_attention_triton
 
             out = paged_attention_triton(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window)  # [T, H, D]
+        elif self.fused and q.device.type == "cpu":
+            from aserve.kernels.cpu_ops import attention
+
+            out = attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)
         else:
             out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
@@ -277,11 +288,15 @@ class PagedSelfAttention(nn.Module):
 
 
 def set_fused_ops(model: nn.Module, on: bool) -> None:
-    """Switch every norm, MLP and attention block of ``model`` to the Triton kernels."""
+    """Switch every norm, MLP and attention block of ``model`` to the fused kernels (Triton on
+    a GPU, C on a CPU: ``fused_kernels``). Projections that are ``nn.Linear`` get one packed
+    weight each (q/k/v, gate/up); GGUF-block projections stay as they are."""
     for module in model.modules():
         if isinstance(module, (RMSNorm, GatedMLP, PagedSelfAttention)):
             module.fused = on
-        if on and isinstance(module, (GatedMLP, PagedSelfAttention)):
+        if on and isinstance(module, GatedMLP) and isinstance(module.gate_proj, nn.Linear):
+            module.pack_weights()
+        if on and isinstance(module, PagedSelfAttention) and isinstance(module.q_proj, nn.Linear):
             module.pack_weights()
 
 

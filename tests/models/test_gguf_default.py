@@ -75,6 +75,21 @@ def test_gguf_blocks_match_transformers(ours_blocks: tuple[ModelConfig, nn.Modul
     _check_against_transformers(ours_blocks, reference)
 
 
+@torch.no_grad()
+def test_gguf_blocks_with_the_c_small_ops_match_transformers(
+    ours_blocks: tuple[ModelConfig, nn.Module], reference: tuple[Any, Any]
+) -> None:
+    """The CPU default: GGUF blocks plus the C norms, rotary and attention (kernels/cpu_ops.py)."""
+    from aserve.models.layers import set_fused_ops
+
+    _, model = ours_blocks
+    set_fused_ops(model, True)
+    try:
+        _check_against_transformers(ours_blocks, reference)
+    finally:
+        set_fused_ops(model, False)
+
+
 def _check_against_transformers(ours: tuple[ModelConfig, nn.Module], reference: tuple[Any, Any]) -> None:
     cfg, model = ours
     tok, hf = reference
