@@ -204,3 +204,118 @@ static void K(dot_rows)(const float *w, int64_t nw, int64_t k, const float *x, i
     for (int j = 0; j < 4; j++) K(dot_one)(w + j * k, k, x + r * k, m - r, y + r * ldy + j, ldy);
 }
 #undef XT
+
+/* ---- Q5_0 and Q4_K rows times a few rows of x, fused (AVX-512 copy only) --------------
+ *
+ * A decode step multiplies each weight row by one row of x: dequantizing four rows into L1
+ * and reading them back (above) costs a store and a load per 16 weights and a multiply by
+ * the block scale per weight. Here a block's 32 quants become two registers of floats that
+ * meet x at once, and the scale multiplies the block's partial sum instead:
+ * y = sum_b d_b * (q_b . x_b). Same products, rounded in another order (to float32). */
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+#define HAVE_GEMV_Q5_0 1
+static inline __attribute__((always_inline)) __m512 K(q5_0_floats)(const uint8_t *src, __m512 *q1) {
+    uint32_t bits;
+    memcpy(&bits, src + 2, 4);
+    const __m128i v = _mm_loadu_si128((const __m128i *)(src + 6));
+    const __m128i m4 = _mm_set1_epi8(0x0f), off = _mm_set1_epi8(16);
+    const __m128i lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), _mm_maskz_mov_epi8((__mmask16)bits, off)), off);
+    const __m128i hi = _mm_sub_epi8(
+        _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_maskz_mov_epi8((__mmask16)(bits >> 16), off)), off);
+    *q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
+}
+
+/* One weight row against M rows of x (M a constant after inlining): two accumulators per
+ * row of x, even and odd blocks, so consecutive blocks' scaled adds do not wait on each other. */
+static inline __attribute__((always_inline)) void K(q5_0_gemv_row)(const uint8_t *src, int64_t nb, const float *x,
+                                                                   int64_t k, const int M, float *y, int64_t ldy) {
+    __m512 acc[GEMV_ROWS][2];
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, src += 22) {
+        __m512 q1;
+        const __m512 q0 = K(q5_0_floats)(src, &q1);
+        const __m512 dv = _mm512_set1_ps(K(half_to_float)(K(rd16)(src)));
+        for (int r = 0; r < M; r++) {
+            const float *xr = x + r * k + 32 * b;
+            const __m512 t = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(xr)));
+            acc[r][b & 1] = _mm512_fmadd_ps(dv, t, acc[r][b & 1]);
+        }
+    }
+    for (int r = 0; r < M; r++) y[r * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+/* nw rows of W (row_bytes apart) times m <= GEMV_MAX_ROWS rows of x: y[r * ldy + j] */
+static void K(gemv_q5_0)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
+                         float *y, int64_t ldy) {
+    const int64_t nb = k / 32;
+    for (int64_t j = 0; j < nw; j++, w += row_bytes) {
+        switch (m) { /* a constant M per copy: the accumulators stay in registers */
+        case 1: K(q5_0_gemv_row)(w, nb, x, k, 1, y + j, ldy); break;
+        case 2: K(q5_0_gemv_row)(w, nb, x, k, 2, y + j, ldy); break;
+        case 3: K(q5_0_gemv_row)(w, nb, x, k, 3, y + j, ldy); break;
+        case 4: K(q5_0_gemv_row)(w, nb, x, k, 4, y + j, ldy); break;
+        case 5: K(q5_0_gemv_row)(w, nb, x, k, 5, y + j, ldy); break;
+        default: K(q5_0_gemv_row)(w, nb, x, k, 6, y + j, ldy); break;
+        }
+    }
+}
+
+/* Q4_K: per group of 32, w = (d * sc) * q - (dmin * m), so q . x takes the scale and the
+ * group's plain sum of x takes the min: y = sum_g (d sc_g) (q_g . x_g) - (dmin m_g) sum(x_g). */
+#define HAVE_GEMV_Q4_K 1
+static inline __attribute__((always_inline)) void K(q4_k_gemv_row)(const uint8_t *src, int64_t nsb, const float *x,
+                                                                   int64_t k, const int M, float *y, int64_t ldy) {
+    __m512 acc[GEMV_ROWS], accm[GEMV_ROWS];
+    for (int r = 0; r < M; r++) acc[r] = accm[r] = _mm512_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    for (int64_t sb = 0; sb < nsb; sb++, src += 144) {
+        const float d = K(half_to_float)(K(rd16)(src)), dmin = K(half_to_float)(K(rd16)(src + 2));
+        const uint8_t *s = src + 4, *q = src + 16;
+        for (int g = 0; g < 8; g += 2, q += 32) {
+            float sc[2], mn[2];
+            for (int h = 0; h < 2; h++) {
+                const int j = g + h;
+                const int a = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+                const int mm = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                sc[h] = d * (float)a;
+                mn[h] = dmin * (float)mm;
+            }
+            const __m256i v = _mm256_loadu_si256((const __m256i *)q);
+            const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            const __m512 a0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo)));
+            const __m512 a1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1)));
+            const __m512 b0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi)));
+            const __m512 b1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)));
+            const __m512 s0 = _mm512_set1_ps(sc[0]), s1 = _mm512_set1_ps(sc[1]);
+            const __m512 n0 = _mm512_set1_ps(mn[0]), n1 = _mm512_set1_ps(mn[1]);
+            const int64_t off = sb * 256 + g * 32;
+            for (int r = 0; r < M; r++) {
+                const float *xr = x + r * k + off;
+                const __m512 x0 = _mm512_loadu_ps(xr), x1 = _mm512_loadu_ps(xr + 16);
+                const __m512 x2 = _mm512_loadu_ps(xr + 32), x3 = _mm512_loadu_ps(xr + 48);
+                acc[r] = _mm512_fmadd_ps(s0, _mm512_fmadd_ps(a1, x1, _mm512_mul_ps(a0, x0)), acc[r]);
+                acc[r] = _mm512_fmadd_ps(s1, _mm512_fmadd_ps(b1, x3, _mm512_mul_ps(b0, x2)), acc[r]);
+                accm[r] = _mm512_fmadd_ps(n0, _mm512_add_ps(x0, x1), accm[r]);
+                accm[r] = _mm512_fmadd_ps(n1, _mm512_add_ps(x2, x3), accm[r]);
+            }
+        }
+    }
+    for (int r = 0; r < M; r++) y[r * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[r], accm[r]));
+}
+
+static void K(gemv_q4_k)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
+                         float *y, int64_t ldy) {
+    const int64_t nsb = k / 256;
+    for (int64_t j = 0; j < nw; j++, w += row_bytes) {
+        switch (m) { /* a constant M per copy: the accumulators stay in registers */
+        case 1: K(q4_k_gemv_row)(w, nsb, x, k, 1, y + j, ldy); break;
+        case 2: K(q4_k_gemv_row)(w, nsb, x, k, 2, y + j, ldy); break;
+        case 3: K(q4_k_gemv_row)(w, nsb, x, k, 3, y + j, ldy); break;
+        case 4: K(q4_k_gemv_row)(w, nsb, x, k, 4, y + j, ldy); break;
+        case 5: K(q4_k_gemv_row)(w, nsb, x, k, 5, y + j, ldy); break;
+        default: K(q4_k_gemv_row)(w, nsb, x, k, 6, y + j, ldy); break;
+        }
+    }
+}
+#endif

@@ -104,13 +104,35 @@ def test_matmul_real_weights(qname: str, m: int, real_tensors: dict) -> None:
     _check_matmul(blocks, gl.QTYPES[qname], k, ref, m, seed=m)
 
 
-@pytest.mark.parametrize("m", [1, 5, gl.GEMM_MIN_ROWS + 8])
+# 1-6 rows take the fused copies for Q5_0 and Q4_K on AVX-512 (GEMV_MAX_ROWS), 7 the tiles.
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, gl.GEMM_MIN_ROWS + 8])
 @pytest.mark.parametrize("qname", list(REAL))
 def test_matmul_random_blocks(qname: str, m: int) -> None:
     # 37 output rows: not a multiple of the kernel's chunk of 16 or of the thread count.
     k = 768 if qname in ("Q4_K", "Q6_K") else 96
     blocks = _random_blocks(qname, 37, k, seed=2)
     _check_matmul(blocks, gl.QTYPES[qname], k, _reference(blocks, qname), m, seed=m)
+
+
+@pytest.mark.parametrize("m", [1, 4, 6])
+@pytest.mark.parametrize("qname", list(REAL))
+def test_fused_and_dequantize_then_dot_agree(qname: str, m: int) -> None:
+    """The few-row fused copies against the dequantize-then-dot path on the same machine."""
+    k = gl.kernel()
+    assert k is not None
+    in_features = 1024 if qname in ("Q4_K", "Q6_K") else 640
+    blocks = _random_blocks(qname, 53, in_features, seed=8)
+    x = torch.randn(m, in_features, generator=torch.Generator().manual_seed(9))
+    prev = k.set_gemv(True)
+    try:
+        fused = gl.gguf_matmul(x, blocks, gl.QTYPES[qname], in_features)
+        k.set_gemv(False)
+        plain = gl.gguf_matmul(x, blocks, gl.QTYPES[qname], in_features)
+    finally:
+        k.set_gemv(prev)
+    ref = torch.from_numpy(_reference(blocks, qname)).double()
+    bound = (x.double().abs() @ ref.abs().t()) * 1e-6
+    assert ((fused.double() - plain.double()).abs() <= bound + 1e-30).all()
 
 
 @pytest.mark.slow  # reading the GGUF's header (a 262k-entry vocabulary) takes ~30 s on 2 cores
@@ -170,7 +192,8 @@ def test_every_instruction_set_copy(qname: str, isa_copies: list[str]) -> None:
     for isa in isa_copies:
         k.set_isa(isa)
         assert np.array_equal(gl.dequantize_rows(blocks, gl.QTYPES[qname], in_features).numpy(), ref), isa
-        _check_matmul(blocks, gl.QTYPES[qname], in_features, ref, 6, seed=6)
+        for m in (1, 6):
+            _check_matmul(blocks, gl.QTYPES[qname], in_features, ref, m, seed=6)
 
 
 def test_set_isa_rejects_an_unknown_name() -> None:
