@@ -111,3 +111,15 @@ def test_a_long_extend_falls_back_to_the_reference() -> None:
     got = cpu_ops.attention(q, k, v, k_cache.clone(), v_cache.clone(), meta, 0.2, None)
     meta2 = build_metadata(table, [0], [0], [n], "cpu")
     assert torch.equal(got, paged_attention(q, k, v, k_cache, v_cache, meta2, 0.2, None))  # the same code ran
+
+
+def test_same_functions_as_the_triton_kernels() -> None:
+    """``layers.fused_kernels`` hands the model either module: the names and parameters match."""
+    import inspect
+
+    pytest.importorskip("triton")
+    from aserve.kernels import fused
+
+    for name in ("rmsnorm", "add_rmsnorm", "rotary", "gated"):
+        want = list(inspect.signature(getattr(fused, name)).parameters)
+        assert list(inspect.signature(getattr(cpu_ops, name)).parameters) == want, name
