@@ -89,16 +89,16 @@ struct isa {
     const char *name;
     deq_fn q8_0, q5_0, q4_k, q6_k;
     dot_fn dot;
-    gemv_fn q5_0_gemv, q4_k_gemv; /* NULL: dequantize-then-dot for every m */
+    gemv_fn q5_0_gemv, q4_k_gemv, q6_k_gemv; /* NULL: dequantize-then-dot for every m */
 };
 
-#define ISA(tag, sfx, q5, q4) {tag, deq_q8_0_##sfx, deq_q5_0_##sfx, deq_q4_k_##sfx, deq_q6_k_##sfx, dot_rows_##sfx, q5, q4}
+#define ISA(tag, sfx, q5, q4, q6) {tag, deq_q8_0_##sfx, deq_q5_0_##sfx, deq_q4_k_##sfx, deq_q6_k_##sfx, dot_rows_##sfx, q5, q4, q6}
 static const struct isa isas[] = {
 #ifdef HAVE_X86_COPIES
-    ISA("avx512", avx512, gemv_q5_0_avx512, gemv_q4_k_avx512),
-    ISA("avx2", avx2, NULL, NULL),
+    ISA("avx512", avx512, gemv_q5_0_avx512, gemv_q4_k_avx512, gemv_q6_k_avx512),
+    ISA("avx2", avx2, NULL, NULL, NULL),
 #endif
-    ISA("baseline", base, NULL, NULL),
+    ISA("baseline", base, NULL, NULL, NULL),
 };
 #define NUM_ISAS ((int)(sizeof isas / sizeof isas[0]))
 static int best_isa = NUM_ISAS - 1; /* set at import: the first entry the CPU supports */
@@ -394,7 +394,11 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     struct job j = {0};
     j.fn = fn;
     j.dot = isas[cur_isa].dot;
-    if (m <= GEMV_MAX_ROWS && use_gemv) j.gemv = qtype == T_Q5_0 ? isas[cur_isa].q5_0_gemv : qtype == T_Q4_K ? isas[cur_isa].q4_k_gemv : NULL;
+    if (m <= GEMV_MAX_ROWS && use_gemv)
+        j.gemv = qtype == T_Q5_0   ? isas[cur_isa].q5_0_gemv
+                 : qtype == T_Q4_K ? isas[cur_isa].q4_k_gemv
+                 : qtype == T_Q6_K ? isas[cur_isa].q6_k_gemv
+                                   : NULL;
     j.w = (const uint8_t *)(uintptr_t)wp;
     j.row_bytes = k / block * bytes;
     j.k = k;

@@ -205,7 +205,7 @@ static void K(dot_rows)(const float *w, int64_t nw, int64_t k, const float *x, i
 }
 #undef XT
 
-/* ---- Q5_0 and Q4_K rows times a few rows of x, fused (AVX-512 copy only) --------------
+/* ---- Q5_0, Q4_K and Q6_K rows times a few rows of x, fused (AVX-512 copy only) -------
  *
  * A decode step multiplies each weight row by one row of x: dequantizing four rows into L1
  * and reading them back (above) costs a store and a load per 16 weights and a multiply by
@@ -315,6 +315,54 @@ static void K(gemv_q4_k)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_
         case 4: K(q4_k_gemv_row)(w, nsb, x, k, 4, y + j, ldy); break;
         case 5: K(q4_k_gemv_row)(w, nsb, x, k, 5, y + j, ldy); break;
         default: K(q4_k_gemv_row)(w, nsb, x, k, 6, y + j, ldy); break;
+        }
+    }
+}
+
+/* Q6_K: per run of 16, w = (d * sc) * q, q = 6 bits - 32 (layout as in deq_q6_k above). */
+#define HAVE_GEMV_Q6_K 1
+static inline __attribute__((always_inline)) void K(q6_k_gemv_row)(const uint8_t *src, int64_t nsb, const float *x,
+                                                                   int64_t k, const int M, float *y, int64_t ldy) {
+    __m512 acc[GEMV_ROWS][2];
+    for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
+    for (int64_t sb = 0; sb < nsb; sb++, src += 210) {
+        const uint8_t *ql = src, *qh = src + 128;
+        const int8_t *sc = (const int8_t *)(src + 192);
+        const float d = K(half_to_float)(K(rd16)(src + 208));
+        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
+            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
+            for (int j = 0; j < 4; j++) {
+                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (j & 1)));
+                const __m256i nib = _mm256_and_si256(_mm256_srli_epi16(l, 4 * (j >> 1)), m4);
+                const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), m2), 4);
+                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, hb), off);
+                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+                const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+                const __m512 s0 = _mm512_set1_ps(d * (float)sc[2 * j]), s1 = _mm512_set1_ps(d * (float)sc[2 * j + 1]);
+                const int64_t o = sb * 256 + half * 128 + 32 * j;
+                for (int r = 0; r < M; r++) {
+                    const float *xr = x + r * k + o;
+                    acc[r][0] = _mm512_fmadd_ps(s0, _mm512_mul_ps(q0, _mm512_loadu_ps(xr)), acc[r][0]);
+                    acc[r][1] = _mm512_fmadd_ps(s1, _mm512_mul_ps(q1, _mm512_loadu_ps(xr + 16)), acc[r][1]);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < M; r++) y[r * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+static void K(gemv_q6_k)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
+                         float *y, int64_t ldy) {
+    const int64_t nsb = k / 256;
+    for (int64_t j = 0; j < nw; j++, w += row_bytes) {
+        switch (m) { /* a constant M per copy: the accumulators stay in registers */
+        case 1: K(q6_k_gemv_row)(w, nsb, x, k, 1, y + j, ldy); break;
+        case 2: K(q6_k_gemv_row)(w, nsb, x, k, 2, y + j, ldy); break;
+        case 3: K(q6_k_gemv_row)(w, nsb, x, k, 3, y + j, ldy); break;
+        case 4: K(q6_k_gemv_row)(w, nsb, x, k, 4, y + j, ldy); break;
+        case 5: K(q6_k_gemv_row)(w, nsb, x, k, 5, y + j, ldy); break;
+        default: K(q6_k_gemv_row)(w, nsb, x, k, 6, y + j, ldy); break;
         }
     }
 }
