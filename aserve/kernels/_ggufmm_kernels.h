@@ -205,6 +205,20 @@ static void K(dot_rows)(const float *w, int64_t nw, int64_t k, const float *x, i
 }
 #undef XT
 
+/* The body of a gemv_* entry: each of nw weight rows against m rows of x, through a row
+ * function inlined with a constant M (so its accumulators stay in registers). */
+#define GEMV_ROWS_LOOP(ROW, NBLOCKS)                                                                  \
+    for (int64_t j = 0; j < nw; j++, w += row_bytes) {                                                \
+        switch (m) {                                                                                  \
+        case 1: ROW(w, NBLOCKS, x, k, 1, y + j, ldy); break;                                          \
+        case 2: ROW(w, NBLOCKS, x, k, 2, y + j, ldy); break;                                          \
+        case 3: ROW(w, NBLOCKS, x, k, 3, y + j, ldy); break;                                          \
+        case 4: ROW(w, NBLOCKS, x, k, 4, y + j, ldy); break;                                          \
+        case 5: ROW(w, NBLOCKS, x, k, 5, y + j, ldy); break;                                          \
+        default: ROW(w, NBLOCKS, x, k, 6, y + j, ldy); break;                                         \
+        }                                                                                             \
+    }
+
 /* ---- Q5_0, Q4_K and Q6_K rows times a few rows of x, fused (AVX-512 copy only) -------
  *
  * A decode step multiplies each weight row by one row of x: dequantizing four rows into L1
@@ -248,17 +262,7 @@ static inline __attribute__((always_inline)) void K(q5_0_gemv_row)(const uint8_t
 /* nw rows of W (row_bytes apart) times m <= GEMV_MAX_ROWS rows of x: y[r * ldy + j] */
 static void K(gemv_q5_0)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
                          float *y, int64_t ldy) {
-    const int64_t nb = k / 32;
-    for (int64_t j = 0; j < nw; j++, w += row_bytes) {
-        switch (m) { /* a constant M per copy: the accumulators stay in registers */
-        case 1: K(q5_0_gemv_row)(w, nb, x, k, 1, y + j, ldy); break;
-        case 2: K(q5_0_gemv_row)(w, nb, x, k, 2, y + j, ldy); break;
-        case 3: K(q5_0_gemv_row)(w, nb, x, k, 3, y + j, ldy); break;
-        case 4: K(q5_0_gemv_row)(w, nb, x, k, 4, y + j, ldy); break;
-        case 5: K(q5_0_gemv_row)(w, nb, x, k, 5, y + j, ldy); break;
-        default: K(q5_0_gemv_row)(w, nb, x, k, 6, y + j, ldy); break;
-        }
-    }
+    GEMV_ROWS_LOOP(K(q5_0_gemv_row), k / 32)
 }
 
 /* Q4_K: per group of 32, w = (d * sc) * q - (dmin * m), so q . x takes the scale and the
@@ -306,17 +310,7 @@ static inline __attribute__((always_inline)) void K(q4_k_gemv_row)(const uint8_t
 
 static void K(gemv_q4_k)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
                          float *y, int64_t ldy) {
-    const int64_t nsb = k / 256;
-    for (int64_t j = 0; j < nw; j++, w += row_bytes) {
-        switch (m) { /* a constant M per copy: the accumulators stay in registers */
-        case 1: K(q4_k_gemv_row)(w, nsb, x, k, 1, y + j, ldy); break;
-        case 2: K(q4_k_gemv_row)(w, nsb, x, k, 2, y + j, ldy); break;
-        case 3: K(q4_k_gemv_row)(w, nsb, x, k, 3, y + j, ldy); break;
-        case 4: K(q4_k_gemv_row)(w, nsb, x, k, 4, y + j, ldy); break;
-        case 5: K(q4_k_gemv_row)(w, nsb, x, k, 5, y + j, ldy); break;
-        default: K(q4_k_gemv_row)(w, nsb, x, k, 6, y + j, ldy); break;
-        }
-    }
+    GEMV_ROWS_LOOP(K(q4_k_gemv_row), k / 256)
 }
 
 /* Q6_K: per run of 16, w = (d * sc) * q, q = 6 bits - 32 (layout as in deq_q6_k above). */
@@ -354,16 +348,6 @@ static inline __attribute__((always_inline)) void K(q6_k_gemv_row)(const uint8_t
 
 static void K(gemv_q6_k)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
                          float *y, int64_t ldy) {
-    const int64_t nsb = k / 256;
-    for (int64_t j = 0; j < nw; j++, w += row_bytes) {
-        switch (m) { /* a constant M per copy: the accumulators stay in registers */
-        case 1: K(q6_k_gemv_row)(w, nsb, x, k, 1, y + j, ldy); break;
-        case 2: K(q6_k_gemv_row)(w, nsb, x, k, 2, y + j, ldy); break;
-        case 3: K(q6_k_gemv_row)(w, nsb, x, k, 3, y + j, ldy); break;
-        case 4: K(q6_k_gemv_row)(w, nsb, x, k, 4, y + j, ldy); break;
-        case 5: K(q6_k_gemv_row)(w, nsb, x, k, 5, y + j, ldy); break;
-        default: K(q6_k_gemv_row)(w, nsb, x, k, 6, y + j, ldy); break;
-        }
-    }
+    GEMV_ROWS_LOOP(K(q6_k_gemv_row), k / 256)
 }
 #endif
