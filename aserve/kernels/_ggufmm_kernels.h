@@ -69,6 +69,17 @@ static void K(deq_q5_0)(const uint8_t *src, int64_t k, float *out) {
     }
 }
 
+/* Q4_K's 6-bit scale and min of group j (0-7) from its 12 packed bytes s (ggml's get_scale_min_k4). */
+static inline __attribute__((always_inline)) void K(q4_k_scale_min)(const uint8_t *s, int j, int *a, int *m) {
+    if (j < 4) {
+        *a = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *a = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
 /* Q4_K: 256 weights = f16 d, f16 dmin, 12 bytes of 6-bit (scale, min) pairs for 8 groups of
  * 32, 128 bytes of nibbles; w = d * sc * q - dmin * m. No fused multiply-add here, so the
  * weights equal gguf-py's (two roundings) bit for bit. */
@@ -81,15 +92,8 @@ __attribute__((optimize("fp-contract=off"))) static void K(deq_q4_k)(const uint8
         for (int g = 0; g < 8; g += 2, q += 32) {
             float sc[2], mn[2];
             for (int h = 0; h < 2; h++) {
-                const int j = g + h;
                 int a, m;
-                if (j < 4) {
-                    a = s[j] & 63;
-                    m = s[j + 4] & 63;
-                } else {
-                    a = (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-                    m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-                }
+                K(q4_k_scale_min)(s, g + h, &a, &m);
                 sc[h] = d * (float)a;
                 mn[h] = dmin * (float)m;
             }
@@ -279,9 +283,8 @@ static inline __attribute__((always_inline)) void K(q4_k_gemv_row)(const uint8_t
         for (int g = 0; g < 8; g += 2, q += 32) {
             float sc[2], mn[2];
             for (int h = 0; h < 2; h++) {
-                const int j = g + h;
-                const int a = j < 4 ? s[j] & 63 : (s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4);
-                const int mm = j < 4 ? s[j + 4] & 63 : (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+                int a, mm;
+                K(q4_k_scale_min)(s, g + h, &a, &mm);
                 sc[h] = d * (float)a;
                 mn[h] = dmin * (float)mm;
             }
