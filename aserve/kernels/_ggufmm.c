@@ -9,7 +9,10 @@
  * neither can express, and they are most of the bytes. So each thread dequantizes one row of
  * W at a time into a buffer that stays in L1 (the block formulas of ggml-quants.c, written
  * anew here) and takes its dot product with every row of x. Activations stay float32, so the
- * result is the float32 path's up to summation order; no float32 copy of W is ever made.
+ * result is the float32 path's up to summation order; no float32 copy of W is ever made. At a
+ * few rows of x (a decode step) the AVX-512 copy skips the buffer: a block's quants become
+ * float registers that meet x directly (gemv_*). The small ops of a forward pass (norms,
+ * rotary, attention; _cpu_ops.h) live here too, to share the build and the thread pool.
  *
  * Portable C plus GCC vector extensions, compiled three times (AVX-512, AVX2+FMA, baseline;
  * _ggufmm_kernels.h) with the copy picked at import, so a CPU without AVX-512 runs the AVX2
@@ -333,7 +336,7 @@ static int run_job(const struct job *j, int64_t nchunks, int threads) {
         free(own);
         return 0;
     }
-    helpers = ready_helpers(helpers, j->dequant || j->rowfn != NULL ? 0 : j->k);
+    helpers = ready_helpers(helpers, j->dequant || j->rowfn != NULL || j->gemv != NULL ? 0 : j->k);
     job = *j;
     atomic_store_explicit(&done, 0, memory_order_relaxed);
     atomic_store_explicit(&allowed, helpers, memory_order_relaxed);
