@@ -108,6 +108,17 @@ __attribute__((optimize("fp-contract=off"))) static void K(deq_q4_k)(const uint8
     }
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+/* Q6_K, AVX-512: quants 32 j .. 32 j + 31 of a half (j < 4) as int8 (q - 32), from its 64 bytes
+ * of low nibbles ql and its 32 bytes of high bits h (loaded). */
+static inline __attribute__((always_inline)) __m256i K(q6_k_run_pair)(const uint8_t *ql, __m256i h, int j) {
+    const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (j & 1)));
+    const __m256i nib = _mm256_and_si256(_mm256_srli_epi16(l, 4 * (j >> 1)), _mm256_set1_epi8(0x0f));
+    const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), _mm256_set1_epi8(3)), 4);
+    return _mm256_sub_epi8(_mm256_or_si256(nib, hb), _mm256_set1_epi8(32));
+}
+#endif
+
 /* Q6_K: 256 weights = 128 bytes low nibbles, 64 bytes of 2-bit highs, int8 scales[16] (one
  * per 16 weights), f16 d; w = d * scale * (q - 32). Weight 32 * j + l of a half (j < 4,
  * l < 32) takes nibble j / 2 of ql[l + 32 * (j % 2)] and bits 2j of qh[l]; each run of 16
@@ -120,13 +131,9 @@ static void K(deq_q6_k)(const uint8_t *src, int64_t k, float *out) {
         const float d = K(half_to_float)(K(rd16)(src + 208));
         for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8, out += 128) {
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-            const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
             const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
             for (int j = 0; j < 4; j++) {
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (j & 1)));
-                const __m256i nib = _mm256_and_si256(_mm256_srli_epi16(l, 4 * (j >> 1)), m4);
-                const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), m2), 4);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, hb), off);
+                const __m256i q = K(q6_k_run_pair)(ql, h, j);
                 const __m512 s0 = _mm512_set1_ps(d * (float)sc[2 * j]), s1 = _mm512_set1_ps(d * (float)sc[2 * j + 1]);
                 _mm512_storeu_ps(out + 32 * j, _mm512_mul_ps(s0, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)))));
                 _mm512_storeu_ps(out + 32 * j + 16,
@@ -322,7 +329,6 @@ static inline __attribute__((always_inline)) void K(q6_k_gemv_row)(const uint8_t
                                                                    int64_t k, const int M, float *y, int64_t ldy) {
     __m512 acc[GEMV_ROWS][2];
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    const __m256i m4 = _mm256_set1_epi8(0x0f), m2 = _mm256_set1_epi8(3), off = _mm256_set1_epi8(32);
     for (int64_t sb = 0; sb < nsb; sb++, src += 210) {
         const uint8_t *ql = src, *qh = src + 128;
         const int8_t *sc = (const int8_t *)(src + 192);
@@ -330,10 +336,7 @@ static inline __attribute__((always_inline)) void K(q6_k_gemv_row)(const uint8_t
         for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
             const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
             for (int j = 0; j < 4; j++) {
-                const __m256i l = _mm256_loadu_si256((const __m256i *)(ql + 32 * (j & 1)));
-                const __m256i nib = _mm256_and_si256(_mm256_srli_epi16(l, 4 * (j >> 1)), m4);
-                const __m256i hb = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2 * j), m2), 4);
-                const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nib, hb), off);
+                const __m256i q = K(q6_k_run_pair)(ql, h, j);
                 const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
                 const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
                 const __m512 s0 = _mm512_set1_ps(d * (float)sc[2 * j]), s1 = _mm512_set1_ps(d * (float)sc[2 * j + 1]);
