@@ -100,6 +100,8 @@ struct attn_args {
     int64_t heads, kv_heads, d, window;
     float scale, softcap;
     float *out; /* [T, heads, d] */
+    float *scores; /* token i's scores at scores + i * scores_stride (heads / kv_heads runs of keys) */
+    int64_t scores_stride;
 };
 
 OPS_CLONES static void ops_attend_token(const struct attn_args *a, int64_t i, float *p) {

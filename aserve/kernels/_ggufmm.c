@@ -690,15 +690,11 @@ static PyObject *py_store_kv(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* Tokens start .. end of an attend call: a score buffer for the longest of them, then each. */
+/* Tokens start .. end of an attend call, each with its own slice of the call's score buffer
+ * (allocated by the caller, where running out of memory can still be reported). */
 static void attend_rows(const struct job *j, int64_t start, int64_t end) {
     const struct attn_args *a = (const struct attn_args *)j->ctx;
-    int64_t most = 1;
-    for (int64_t i = start; i < end; i++) most = a->pos[i] + 1 > most ? a->pos[i] + 1 : most;
-    float *p = malloc((size_t)(most * (a->heads / a->kv_heads)) * sizeof(float));
-    if (p == NULL) abort(); /* a few KB per 1k positions; no way to report it from a helper */
-    for (int64_t i = start; i < end; i++) ops_attend_token(a, i, p);
-    free(p);
+    for (int64_t i = start; i < end; i++) ops_attend_token(a, i, a->scores + i * a->scores_stride);
 }
 
 /* attend(q, k_cache, v_cache, table, table_stride, seq_row, pos, t, heads, kv_heads, d, window,
@@ -716,9 +712,15 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "attend: %lld query heads over %lld KV heads", heads, kv_heads);
         return NULL;
     }
+    const int64_t *pos = (const int64_t *)(uintptr_t)pp;
+    int64_t most = 1; /* scores per query head: the longest key run of any token */
+    for (int64_t i = 0; i < t; i++) most = pos[i] + 1 > most ? pos[i] + 1 : most;
+    const int64_t per_token = most * (heads / kv_heads);
+    float *scores = malloc((size_t)(t > 0 ? t * per_token : 1) * sizeof(float));
+    if (scores == NULL) return PyErr_NoMemory();
     const struct attn_args a = {PTR(qp), PTR(kp), PTR(vp), (const int64_t *)(uintptr_t)tp, stride,
-                                (const int64_t *)(uintptr_t)rp, (const int64_t *)(uintptr_t)pp,
-                                heads, kv_heads, d, window, scale, softcap, PTR(op)};
+                                (const int64_t *)(uintptr_t)rp, pos, heads, kv_heads, d, window, scale, softcap,
+                                PTR(op), scores, per_token};
     struct job j = {0};
     j.rowfn = attend_rows;
     j.ctx = &a;
@@ -728,6 +730,7 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     rc = run_job(&j, t, t > 1 ? threads : 1);
     Py_END_ALLOW_THREADS
+    free(scores);
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
