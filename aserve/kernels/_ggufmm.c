@@ -39,7 +39,6 @@
  * all 126 layer matmuls of the default model, 2 threads, fused / dequantize-then-dot: 9.3 /
  * 11.3 ms at 1 row, 12.3 / 13.7 at 4, 16.2 / 18.0 at 6, 19.9 / 18.2 at 8. */
 #define GEMV_MAX_ROWS 6
-#define GEMV_ROWS GEMV_MAX_ROWS /* the kernels' accumulator arrays */
 
 /* ggml type ids (gguf.GGMLQuantizationType) */
 enum { T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };

@@ -33,6 +33,22 @@ static void K(deq_q8_0)(const uint8_t *src, int64_t k, float *out) {
     }
 }
 
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+/* Q5_0, AVX-512BW: a block's 32 quants (q - 16) as two registers of floats, weights 0-15 and
+ * 16-31; the 32 high bits are a byte mask. */
+static inline __attribute__((always_inline)) __m512 K(q5_0_floats)(const uint8_t *src, __m512 *q1) {
+    uint32_t bits;
+    memcpy(&bits, src + 2, 4);
+    const __m128i v = _mm_loadu_si128((const __m128i *)(src + 6));
+    const __m128i m4 = _mm_set1_epi8(0x0f), off = _mm_set1_epi8(16);
+    const __m128i lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), _mm_maskz_mov_epi8((__mmask16)bits, off)), off);
+    const __m128i hi = _mm_sub_epi8(
+        _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_maskz_mov_epi8((__mmask16)(bits >> 16), off)), off);
+    *q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
+}
+#endif
+
 /* Q5_0: 32 weights = f16 d, 32 high bits qh, 16 bytes of low nibbles;
  * w[j] = d * ((lo_j | hi_j << 4) - 16), low nibbles for j < 16, high ones for j >= 16.
  * The high bits become bytes through a table (8 per lookup), then 16-byte vector ops and
@@ -40,22 +56,14 @@ static void K(deq_q8_0)(const uint8_t *src, int64_t k, float *out) {
 static void K(deq_q5_0)(const uint8_t *src, int64_t k, float *out) {
     for (int64_t b = 0; b < k / 32; b++, src += 22, out += 32) {
         const float d = K(half_to_float)(K(rd16)(src));
-        const uint8_t *qh = src + 2;
-        const uint8_t *qs = src + 6;
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-        /* AVX-512BW: the 32 high bits are a byte mask; 32 weights in two 16-float registers. */
-        uint32_t bits;
-        memcpy(&bits, qh, 4);
-        const __m128i v = _mm_loadu_si128((const __m128i *)qs);
-        const __m128i m4 = _mm_set1_epi8(0x0f), off = _mm_set1_epi8(16);
-        const __m128i lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), _mm_maskz_mov_epi8((__mmask16)bits, off)), off);
-        const __m128i hi = _mm_sub_epi8(
-            _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_maskz_mov_epi8((__mmask16)(bits >> 16), off)), off);
-        const __m512 dv = _mm512_set1_ps(d);
-        _mm512_storeu_ps(out, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo))));
-        _mm512_storeu_ps(out + 16, _mm512_mul_ps(dv, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi))));
+        __m512 q1;
+        const __m512 q0 = K(q5_0_floats)(src, &q1), dv = _mm512_set1_ps(d);
+        _mm512_storeu_ps(out, _mm512_mul_ps(dv, q0));
+        _mm512_storeu_ps(out + 16, _mm512_mul_ps(dv, q1));
 #else
         /* built in registers: bytes stored 8 at a time and reloaded 16 at a time would stall */
+        const uint8_t *qh = src + 2, *qs = src + 6;
         const u64x2 t0 = {q5_high_bits[qh[0]], q5_high_bits[qh[1]]}, t1 = {q5_high_bits[qh[2]], q5_high_bits[qh[3]]};
         const u8x16 h0 = (u8x16)t0, h1 = (u8x16)t1;
         u8x16 v;
@@ -238,24 +246,11 @@ static void K(dot_rows)(const float *w, int64_t nw, int64_t k, const float *x, i
  * meet x at once, and the scale multiplies the block's partial sum instead:
  * y = sum_b d_b * (q_b . x_b). Same products, rounded in another order (to float32). */
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-#define HAVE_GEMV_Q5_0 1
-static inline __attribute__((always_inline)) __m512 K(q5_0_floats)(const uint8_t *src, __m512 *q1) {
-    uint32_t bits;
-    memcpy(&bits, src + 2, 4);
-    const __m128i v = _mm_loadu_si128((const __m128i *)(src + 6));
-    const __m128i m4 = _mm_set1_epi8(0x0f), off = _mm_set1_epi8(16);
-    const __m128i lo = _mm_sub_epi8(_mm_or_si128(_mm_and_si128(v, m4), _mm_maskz_mov_epi8((__mmask16)bits, off)), off);
-    const __m128i hi = _mm_sub_epi8(
-        _mm_or_si128(_mm_and_si128(_mm_srli_epi16(v, 4), m4), _mm_maskz_mov_epi8((__mmask16)(bits >> 16), off)), off);
-    *q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(hi));
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(lo));
-}
-
 /* One weight row against M rows of x (M a constant after inlining): two accumulators per
  * row of x, even and odd blocks, so consecutive blocks' scaled adds do not wait on each other. */
 static inline __attribute__((always_inline)) void K(q5_0_gemv_row)(const uint8_t *src, int64_t nb, const float *x,
                                                                    int64_t k, const int M, float *y, int64_t ldy) {
-    __m512 acc[GEMV_ROWS][2];
+    __m512 acc[GEMV_MAX_ROWS][2];
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, src += 22) {
         __m512 q1;
@@ -278,10 +273,9 @@ static void K(gemv_q5_0)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_
 
 /* Q4_K: per group of 32, w = (d * sc) * q - (dmin * m), so q . x takes the scale and the
  * group's plain sum of x takes the min: y = sum_g (d sc_g) (q_g . x_g) - (dmin m_g) sum(x_g). */
-#define HAVE_GEMV_Q4_K 1
 static inline __attribute__((always_inline)) void K(q4_k_gemv_row)(const uint8_t *src, int64_t nsb, const float *x,
                                                                    int64_t k, const int M, float *y, int64_t ldy) {
-    __m512 acc[GEMV_ROWS], accm[GEMV_ROWS];
+    __m512 acc[GEMV_MAX_ROWS], accm[GEMV_MAX_ROWS];
     for (int r = 0; r < M; r++) acc[r] = accm[r] = _mm512_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     for (int64_t sb = 0; sb < nsb; sb++, src += 144) {
@@ -324,10 +318,9 @@ static void K(gemv_q4_k)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_
 }
 
 /* Q6_K: per run of 16, w = (d * sc) * q, q = 6 bits - 32 (layout as in deq_q6_k above). */
-#define HAVE_GEMV_Q6_K 1
 static inline __attribute__((always_inline)) void K(q6_k_gemv_row)(const uint8_t *src, int64_t nsb, const float *x,
                                                                    int64_t k, const int M, float *y, int64_t ldy) {
-    __m512 acc[GEMV_ROWS][2];
+    __m512 acc[GEMV_MAX_ROWS][2];
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     for (int64_t sb = 0; sb < nsb; sb++, src += 210) {
         const uint8_t *ql = src, *qh = src + 128;

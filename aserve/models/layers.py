@@ -145,8 +145,9 @@ class GatedMLP(nn.Module):
 
     def pack_weights(self) -> None:
         """One [gate; up] weight so the fused path runs one GEMM; the two projections'
-        weights become views into it (no extra memory). Call after the weights are loaded."""
-        if self.gate_up_weight is None:
+        weights become views into it (no extra memory). Call after the weights are loaded.
+        GGUF-block projections (no ``.weight``) stay as they are."""
+        if self.gate_up_weight is None and isinstance(self.gate_proj, nn.Linear):
             w = torch.cat([self.gate_proj.weight.data, self.up_proj.weight.data])
             inter = self.gate_proj.weight.shape[0]
             self.gate_proj.weight.data, self.up_proj.weight.data = w[:inter], w[inter:]
@@ -205,8 +206,9 @@ class PagedSelfAttention(nn.Module):
 
     def pack_weights(self) -> None:
         """One [q; k; v] weight (and bias) so the fused path runs one GEMM; the projections'
-        weights become views into it (no extra memory). Call after the weights are loaded."""
-        if self.qkv_weight is not None:
+        weights become views into it (no extra memory). Call after the weights are loaded.
+        GGUF-block projections (no ``.weight``) stay as they are."""
+        if self.qkv_weight is not None or not isinstance(self.q_proj, nn.Linear):
             return
         projs = (self.q_proj, self.k_proj, self.v_proj)
         w = torch.cat([p.weight.data for p in projs])
@@ -289,14 +291,12 @@ class PagedSelfAttention(nn.Module):
 
 def set_fused_ops(model: nn.Module, on: bool) -> None:
     """Switch every norm, MLP and attention block of ``model`` to the fused kernels (Triton on
-    a GPU, C on a CPU: ``fused_kernels``). Projections that are ``nn.Linear`` get one packed
-    weight each (q/k/v, gate/up); GGUF-block projections stay as they are."""
+    a GPU, C on a CPU: ``fused_kernels``), packing each block's projection weights where they
+    are ``nn.Linear`` (``pack_weights``)."""
     for module in model.modules():
         if isinstance(module, (RMSNorm, GatedMLP, PagedSelfAttention)):
             module.fused = on
-        if on and isinstance(module, GatedMLP) and isinstance(module.gate_proj, nn.Linear):
-            module.pack_weights()
-        if on and isinstance(module, PagedSelfAttention) and isinstance(module.q_proj, nn.Linear):
+        if on and isinstance(module, (GatedMLP, PagedSelfAttention)):
             module.pack_weights()
 
 
