@@ -121,13 +121,16 @@ def use_gguf_blocks(cfg: EngineConfig, device: torch.device) -> bool:
 
 
 def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
-    from aserve.kernels.gguf_linear import QTYPES, GGUFLinear, kernel
+    from aserve.kernels.gguf_linear import GGUFLinear, kernel, qtype_name
 
     counts: dict[str, int] = {}
+    repacked: set[str] = set()
     for m in model.modules():
         if isinstance(m, GGUFLinear):
-            name = next(k for k, v in QTYPES.items() if v == m.qtype)
+            name = qtype_name(m.gguf_qtype)
             counts[name] = counts.get(name, 0) + 1
+            if m.qtype != m.gguf_qtype:
+                repacked.add(name)
     if not counts:
         return str(dtype).removeprefix("torch.")
     k = kernel()
@@ -139,7 +142,8 @@ def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
         acts += f", LM head int8 ({k.i8_isa()})"
     if any(isinstance(m, GGUFLinear) and m.gemm_bf16 for m in model.modules()):
         acts += ", prefill matmuls bfloat16"
-    return f"gguf blocks ({kinds}) on aserve's CPU kernel ({k.isa()}), {acts}"
+    packed = f"; {'/'.join(sorted(repacked))} repacked" if repacked else ""
+    return f"gguf blocks ({kinds}{packed}) on aserve's CPU kernel ({k.isa()}), {acts}"
 
 
 def use_prefill_bf16(cfg: EngineConfig, model: torch.nn.Module, blocks: bool) -> None:

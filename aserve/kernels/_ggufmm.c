@@ -11,7 +11,8 @@
  * anew here) and takes its dot product with every row of x. Activations stay float32, so the
  * result is the float32 path's up to summation order; no float32 copy of W is ever made. At a
  * few rows of x (a decode step) the AVX-512 copy skips the buffer: a block's quants become
- * float registers that meet x directly (gemv_*). The small ops of a forward pass (norms,
+ * float registers that meet x directly (gemv_*), read from a repacked layout of the same
+ * weights (Q5_0, Q4_K and Q6_K; "Repacked layouts" below). The small ops of a forward pass (norms,
  * rotary, attention; _cpu_ops.h) live here too, to share the build and the thread pool.
  *
  * Portable C plus GCC vector extensions, compiled three times (AVX-512, AVX2+FMA, baseline;
@@ -40,8 +41,9 @@
  * 11.3 ms at 1 row, 12.3 / 13.7 at 4, 16.2 / 18.0 at 6, 19.9 / 18.2 at 8. */
 #define GEMV_MAX_ROWS 6
 
-/* ggml type ids (gguf.GGMLQuantizationType) */
-enum { T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
+/* ggml type ids (gguf.GGMLQuantizationType), and aserve's repacked forms of three of them
+ * ("Repacked layouts" below; ids of our own, never in a GGUF file) */
+enum { T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14, T_Q5_0R = 1006, T_Q4_KR = 1012, T_Q6_KR = 1014 };
 
 /* Byte i of q5_high_bits[b] is bit i of b moved to bit 4 (Q5_0's fifth bit, 8 at a time). */
 static uint64_t q5_high_bits[256];
@@ -89,15 +91,17 @@ typedef void (*gemv_fn)(const uint8_t *, int64_t, int64_t, int64_t, const float 
 
 struct isa {
     const char *name;
-    deq_fn q8_0, q5_0, q4_k, q6_k;
+    deq_fn q8_0, q5_0, q4_k, q6_k, q5_0r, q4_kr, q6_kr;
     dot_fn dot;
-    gemv_fn q5_0_gemv, q4_k_gemv, q6_k_gemv; /* NULL: dequantize-then-dot for every m */
+    gemv_fn q5_0r_gemv, q4_kr_gemv, q6_kr_gemv; /* NULL: dequantize-then-dot for every m */
 };
 
-#define ISA(tag, sfx, q5, q4, q6) {tag, deq_q8_0_##sfx, deq_q5_0_##sfx, deq_q4_k_##sfx, deq_q6_k_##sfx, dot_rows_##sfx, q5, q4, q6}
+#define ISA(tag, sfx, q5, q4, q6)                                                                                  \
+    {tag, deq_q8_0_##sfx, deq_q5_0_##sfx, deq_q4_k_##sfx, deq_q6_k_##sfx, deq_q5_0r_##sfx, deq_q4_kr_##sfx,       \
+     deq_q6_kr_##sfx, dot_rows_##sfx, q5, q4, q6}
 static const struct isa isas[] = {
 #ifdef HAVE_X86_COPIES
-    ISA("avx512", avx512, gemv_q5_0_avx512, gemv_q4_k_avx512, gemv_q6_k_avx512),
+    ISA("avx512", avx512, gemv_q5_0r_avx512, gemv_q4_kr_avx512, gemv_q6_kr_avx512),
     ISA("avx2", avx2, NULL, NULL, NULL),
 #endif
     ISA("baseline", base, NULL, NULL, NULL),
@@ -129,10 +133,75 @@ static int type_info(int qtype, int64_t *block, int64_t *bytes, deq_fn *fn) {
     case T_Q5_0: *block = 32; *bytes = 22; *fn = I->q5_0; return 0;
     case T_Q4_K: *block = 256; *bytes = 144; *fn = I->q4_k; return 0;
     case T_Q6_K: *block = 256; *bytes = 210; *fn = I->q6_k; return 0;
+    case T_Q5_0R: *block = 32; *bytes = 36; *fn = I->q5_0r; return 0;
+    case T_Q4_KR: *block = 256; *bytes = 192; *fn = I->q4_kr; return 0;
+    case T_Q6_KR: *block = 256; *bytes = 320; *fn = I->q6_kr; return 0;
     default: return -1;
     }
 }
 
+
+/* ---- Repacked layouts ---------------------------------------------------------------------
+ *
+ * Q5_0, Q4_K and Q6_K keep their quants as packed bits and their scales as half floats, which a
+ * decode step's matmul unpacks at every call (for Q5_0, two thirds of its work on this model).
+ * GGUFLinear repacks them once, at load, into layouts that hold exactly the same weights:
+ *
+ *   Q5_0R (32 weights, 36 bytes): float d, int8 q[32] = the 5-bit quants - 16, weight order;
+ *   Q4_KR (256 weights, 192 bytes): float scale[8] = d * sc_g, float min[8] = dmin * m_g (the
+ *         products the Q4_K kernels form), then Q4_K's 128 bytes of nibbles as they are;
+ *   Q6_KR (256 weights, 320 bytes): float scale[16] = d * sc_r, int8 q[256] = the 6-bit
+ *         quants - 32, weight order.
+ *
+ * 1.6x, 1.33x and 1.52x the bytes (the default model's layers: 67 -> 104 MB), but a block
+ * meets x after two widening loads and converts. Dequantized, every weight is the GGUF
+ * layout's value bit for bit (tests/kernels/test_gguf_linear.py). */
+
+static void put_f32(uint8_t *p, float f) { memcpy(p, &f, 4); }
+
+static void repack_row(int qtype, const uint8_t *src, int64_t k, uint8_t *dst) {
+    if (qtype == T_Q5_0) {
+        for (int64_t b = 0; b < k / 32; b++, src += 22, dst += 36) {
+            uint32_t qh;
+            memcpy(&qh, src + 2, 4);
+            put_f32(dst, half_to_float_base(rd16_base(src)));
+            for (int j = 0; j < 32; j++) {
+                const int nib = j < 16 ? src[6 + j] & 0x0f : src[6 + j - 16] >> 4;
+                dst[4 + j] = (uint8_t)(int8_t)((nib | (int)((qh >> j) & 1) << 4) - 16);
+            }
+        }
+    } else if (qtype == T_Q4_K) {
+        for (int64_t b = 0; b < k / 256; b++, src += 144, dst += 192) {
+            const float d = half_to_float_base(rd16_base(src)), dmin = half_to_float_base(rd16_base(src + 2));
+            for (int g = 0; g < 8; g++) {
+                int a, m;
+                q4_k_scale_min_base(src + 4, g, &a, &m);
+                put_f32(dst + 4 * g, d * (float)a);
+                put_f32(dst + 32 + 4 * g, dmin * (float)m);
+            }
+            memcpy(dst + 64, src + 16, 128);
+        }
+    } else { /* T_Q6_K: weight 128 h + 32 j + l (j < 4, l < 32) as in deq_q6_k */
+        for (int64_t b = 0; b < k / 256; b++, src += 210, dst += 320) {
+            const int8_t *sc = (const int8_t *)(src + 192);
+            const float d = half_to_float_base(rd16_base(src + 208));
+            for (int r = 0; r < 16; r++) put_f32(dst + 4 * r, d * (float)sc[r]);
+            for (int h = 0; h < 2; h++) {
+                const uint8_t *ql = src + 64 * h, *qh = src + 128 + 32 * h;
+                for (int j = 0; j < 4; j++)
+                    for (int l = 0; l < 32; l++) {
+                        const int nib = (ql[l + 32 * (j & 1)] >> (4 * (j >> 1))) & 0x0f;
+                        dst[64 + 128 * h + 32 * j + l] = (uint8_t)(int8_t)((nib | ((qh[l] >> (2 * j)) & 3) << 4) - 32);
+                    }
+            }
+        }
+    }
+}
+
+/* The repacked id of a GGML type, or 0 where it has none. */
+static int repacked_type(int qtype) {
+    return qtype == T_Q5_0 ? T_Q5_0R : qtype == T_Q4_K ? T_Q4_KR : qtype == T_Q6_K ? T_Q6_KR : 0;
+}
 
 /* ---- Threads ------------------------------------------------------------------------------
  *
@@ -372,7 +441,7 @@ static int64_t chunk_rows_for(int64_t n, int64_t unit, int threads) {
 
 static int check_shape(int qtype, int64_t k, int64_t *block, int64_t *bytes, deq_fn *fn) {
     if (type_info(qtype, block, bytes, fn) != 0) {
-        PyErr_Format(PyExc_ValueError, "unsupported GGML type %d (supported: Q5_0, Q8_0, Q4_K, Q6_K)", qtype);
+        PyErr_Format(PyExc_ValueError, "unsupported GGML type %d (supported: Q5_0, Q8_0, Q4_K, Q6_K and their repacked ids)", qtype);
         return -1;
     }
     if (k <= 0 || k % *block != 0) {
@@ -397,10 +466,10 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     j.fn = fn;
     j.dot = isas[cur_isa].dot;
     if (m <= GEMV_MAX_ROWS && use_gemv)
-        j.gemv = qtype == T_Q5_0   ? isas[cur_isa].q5_0_gemv
-                 : qtype == T_Q4_K ? isas[cur_isa].q4_k_gemv
-                 : qtype == T_Q6_K ? isas[cur_isa].q6_k_gemv
-                                   : NULL;
+        j.gemv = qtype == T_Q5_0R   ? isas[cur_isa].q5_0r_gemv
+                 : qtype == T_Q4_KR ? isas[cur_isa].q4_kr_gemv
+                 : qtype == T_Q6_KR ? isas[cur_isa].q6_kr_gemv
+                                    : NULL;
     j.w = (const uint8_t *)(uintptr_t)wp;
     j.row_bytes = k / block * bytes;
     j.k = k;
@@ -445,6 +514,28 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
+}
+
+/* repack(qtype, src_ptr, n, k, dst_ptr): n rows of k weights of a GGML type into its repacked
+ * layout (dst: n * row_bytes(repacked id, k) bytes); returns the repacked id. ValueError for a
+ * type without one. */
+static PyObject *py_repack(PyObject *self, PyObject *args) {
+    int qtype;
+    unsigned long long sp, dp;
+    long long n, k;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iKLLK", &qtype, &sp, &n, &k, &dp)) return NULL;
+    const int to = repacked_type(qtype);
+    if (to == 0) return PyErr_Format(PyExc_ValueError, "GGML type %d has no repacked layout (Q5_0, Q4_K, Q6_K do)", qtype);
+    int64_t block, bytes, rblock, rbytes;
+    deq_fn fn;
+    if (check_shape(qtype, k, &block, &bytes, &fn) != 0 || check_shape(to, k, &rblock, &rbytes, &fn) != 0) return NULL;
+    const uint8_t *src = (const uint8_t *)(uintptr_t)sp;
+    uint8_t *dst = (uint8_t *)(uintptr_t)dp;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n; i++) repack_row(qtype, src + i * (k / block * bytes), k, dst + i * (k / rblock * rbytes));
+    Py_END_ALLOW_THREADS
+    return PyLong_FromLong(to);
 }
 
 /* ---- Q8_0 weights times 8-bit activations ------------------------------------------------
@@ -806,6 +897,7 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "y[m, n] = x[m, k] @ W[n, k]^T on GGUF blocks (pointers)"},
     {"dequantize", py_dequantize, METH_VARARGS, "rows of W as float32 (pointers)"},
     {"row_bytes", py_row_bytes, METH_VARARGS, "bytes of one row of k weights of a GGML type"},
+    {"repack", py_repack, METH_VARARGS, "rows of Q5_0 / Q4_K / Q6_K blocks into their repacked layout (pointers)"},
     {"matmul_q8_0_i8", py_matmul_q8_0_i8, METH_VARARGS, "y = x @ W^T, Q8_0 W, x as int8 blocks + scales (pointers)"},
     {"i8_isa", py_i8_isa, METH_NOARGS, "the copy matmul_q8_0_i8 runs: vnni or portable"},
     {"has_bf16", py_has_bf16, METH_NOARGS, "whether the CPU has AVX-512 BF16"},

@@ -18,6 +18,11 @@ static inline __attribute__((always_inline)) float K(half_to_float)(uint16_t h) 
 }
 
 static inline __attribute__((always_inline)) uint16_t K(rd16)(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline __attribute__((always_inline)) float K(rdf)(const uint8_t *p) {
+    float f;
+    memcpy(&f, p, 4);
+    return f;
+}
 
 typedef uint8_t u8x16 __attribute__((vector_size(16)));
 typedef uint64_t u64x2 __attribute__((vector_size(16)));
@@ -166,6 +171,46 @@ static void K(deq_q6_k)(const uint8_t *src, int64_t k, float *out) {
     }
 }
 
+/* ---- the repacked layouts (_ggufmm.c, "Repacked layouts") -> floats ------------------- */
+
+/* Q5_0R: 32 weights = float d, int8 q[32]; w = d * q (Q5_0's d * (q5 - 16), the same bits) */
+static void K(deq_q5_0r)(const uint8_t *src, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 32; b++, src += 36, out += 32) {
+        const float d = K(rdf)(src);
+        const int8_t *q = (const int8_t *)(src + 4);
+        for (int i = 0; i < 32; i++) out[i] = d * (float)q[i];
+    }
+}
+
+/* Q4_KR: 256 weights = float scale[8], float min[8], Q4_K's 128 bytes of nibbles;
+ * w = scale_g * q - min_g, two roundings as deq_q4_k. */
+__attribute__((optimize("fp-contract=off"))) static void K(deq_q4_kr)(const uint8_t *src, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 256; b++, src += 192) {
+        const uint8_t *q = src + 64;
+        for (int g = 0; g < 8; g += 2, q += 32, out += 64) {
+            const float s0 = K(rdf)(src + 4 * g), s1 = K(rdf)(src + 4 * g + 4);
+            const float n0 = K(rdf)(src + 32 + 4 * g), n1 = K(rdf)(src + 36 + 4 * g);
+            for (int l = 0; l < 32; l++) {
+                float w0 = s0 * (float)(q[l] & 0x0f);
+                float w1 = s1 * (float)(q[l] >> 4);
+                out[l] = w0 - n0;
+                out[l + 32] = w1 - n1;
+            }
+        }
+    }
+}
+
+/* Q6_KR: 256 weights = float scale[16] (one per 16 weights), int8 q[256]; w = scale * q */
+static void K(deq_q6_kr)(const uint8_t *src, int64_t k, float *out) {
+    for (int64_t b = 0; b < k / 256; b++, src += 320) {
+        const int8_t *q = (const int8_t *)(src + 64);
+        for (int r = 0; r < 16; r++, q += 16, out += 16) {
+            const float s = K(rdf)(src + 4 * r);
+            for (int l = 0; l < 16; l++) out[l] = s * (float)q[l];
+        }
+    }
+}
+
 /* ---- dot products of one dequantized row with up to four rows of x --------------------- */
 
 /* VW floats per vector: 16 (AVX-512), 8 (AVX2), 4 (baseline SSE2), set by the includer. */
@@ -246,16 +291,22 @@ static void K(dot_rows)(const float *w, int64_t nw, int64_t k, const float *x, i
  * meet x at once, and the scale multiplies the block's partial sum instead:
  * y = sum_b d_b * (q_b . x_b). Same products, rounded in another order (to float32). */
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
+/* The fused rows read the repacked layouts (below, "Repacked layouts"): a block's quants are
+ * already int8 (q - offset) in weight order and its scales already float, so a block costs two
+ * widening loads and two converts before it meets x, where the GGUF layout also wants its bits
+ * unpacked and its half-precision scales converted. The products and their order are the
+ * GGUF-layout kernels' own, so the results are the same bits. */
+
 /* One weight row against M rows of x (M a constant after inlining): two accumulators per
  * row of x, even and odd blocks, so consecutive blocks' scaled adds do not wait on each other. */
-static inline __attribute__((always_inline)) void K(q5_0_gemv_row)(const uint8_t *src, int64_t nb, const float *x,
-                                                                   int64_t k, const int M, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) void K(q5_0r_gemv_row)(const uint8_t *src, int64_t nb, const float *x,
+                                                                    int64_t k, const int M, float *y, int64_t ldy) {
     __m512 acc[GEMV_MAX_ROWS][2];
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, src += 22) {
-        __m512 q1;
-        const __m512 q0 = K(q5_0_floats)(src, &q1);
-        const __m512 dv = _mm512_set1_ps(K(half_to_float)(K(rd16)(src)));
+    for (int64_t b = 0; b < nb; b++, src += 36) {
+        const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 4))));
+        const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 20))));
+        const __m512 dv = _mm512_set1_ps(K(rdf)(src));
         for (int r = 0; r < M; r++) {
             const float *xr = x + r * k + 32 * b;
             const __m512 t = _mm512_fmadd_ps(q1, _mm512_loadu_ps(xr + 16), _mm512_mul_ps(q0, _mm512_loadu_ps(xr)));
@@ -266,37 +317,29 @@ static inline __attribute__((always_inline)) void K(q5_0_gemv_row)(const uint8_t
 }
 
 /* nw rows of W (row_bytes apart) times m <= GEMV_MAX_ROWS rows of x: y[r * ldy + j] */
-static void K(gemv_q5_0)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
-                         float *y, int64_t ldy) {
-    GEMV_ROWS_LOOP(K(q5_0_gemv_row), k / 32)
+static void K(gemv_q5_0r)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
+                          float *y, int64_t ldy) {
+    GEMV_ROWS_LOOP(K(q5_0r_gemv_row), k / 32)
 }
 
 /* Q4_K: per group of 32, w = (d * sc) * q - (dmin * m), so q . x takes the scale and the
  * group's plain sum of x takes the min: y = sum_g (d sc_g) (q_g . x_g) - (dmin m_g) sum(x_g). */
-static inline __attribute__((always_inline)) void K(q4_k_gemv_row)(const uint8_t *src, int64_t nsb, const float *x,
-                                                                   int64_t k, const int M, float *y, int64_t ldy) {
+static inline __attribute__((always_inline)) void K(q4_kr_gemv_row)(const uint8_t *src, int64_t nsb, const float *x,
+                                                                    int64_t k, const int M, float *y, int64_t ldy) {
     __m512 acc[GEMV_MAX_ROWS], accm[GEMV_MAX_ROWS];
     for (int r = 0; r < M; r++) acc[r] = accm[r] = _mm512_setzero_ps();
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    for (int64_t sb = 0; sb < nsb; sb++, src += 144) {
-        const float d = K(half_to_float)(K(rd16)(src)), dmin = K(half_to_float)(K(rd16)(src + 2));
-        const uint8_t *s = src + 4, *q = src + 16;
+    for (int64_t sb = 0; sb < nsb; sb++, src += 192) {
+        const uint8_t *q = src + 64;
         for (int g = 0; g < 8; g += 2, q += 32) {
-            float sc[2], mn[2];
-            for (int h = 0; h < 2; h++) {
-                int a, mm;
-                K(q4_k_scale_min)(s, g + h, &a, &mm);
-                sc[h] = d * (float)a;
-                mn[h] = dmin * (float)mm;
-            }
             const __m256i v = _mm256_loadu_si256((const __m256i *)q);
             const __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
             const __m512 a0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo)));
             const __m512 a1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1)));
             const __m512 b0 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi)));
             const __m512 b1 = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)));
-            const __m512 s0 = _mm512_set1_ps(sc[0]), s1 = _mm512_set1_ps(sc[1]);
-            const __m512 n0 = _mm512_set1_ps(mn[0]), n1 = _mm512_set1_ps(mn[1]);
+            const __m512 s0 = _mm512_set1_ps(K(rdf)(src + 4 * g)), s1 = _mm512_set1_ps(K(rdf)(src + 4 * g + 4));
+            const __m512 n0 = _mm512_set1_ps(K(rdf)(src + 32 + 4 * g)), n1 = _mm512_set1_ps(K(rdf)(src + 36 + 4 * g));
             const int64_t off = sb * 256 + g * 32;
             for (int r = 0; r < M; r++) {
                 const float *xr = x + r * k + off;
@@ -312,41 +355,35 @@ static inline __attribute__((always_inline)) void K(q4_k_gemv_row)(const uint8_t
     for (int r = 0; r < M; r++) y[r * ldy] = _mm512_reduce_add_ps(_mm512_sub_ps(acc[r], accm[r]));
 }
 
-static void K(gemv_q4_k)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
-                         float *y, int64_t ldy) {
-    GEMV_ROWS_LOOP(K(q4_k_gemv_row), k / 256)
+static void K(gemv_q4_kr)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
+                          float *y, int64_t ldy) {
+    GEMV_ROWS_LOOP(K(q4_kr_gemv_row), k / 256)
 }
 
-/* Q6_K: per run of 16, w = (d * sc) * q, q = 6 bits - 32 (layout as in deq_q6_k above). */
-static inline __attribute__((always_inline)) void K(q6_k_gemv_row)(const uint8_t *src, int64_t nsb, const float *x,
-                                                                   int64_t k, const int M, float *y, int64_t ldy) {
+/* Q6_K: per run of 16, w = (d * sc) * q, q = 6 bits - 32. */
+static inline __attribute__((always_inline)) void K(q6_kr_gemv_row)(const uint8_t *src, int64_t nsb, const float *x,
+                                                                    int64_t k, const int M, float *y, int64_t ldy) {
     __m512 acc[GEMV_MAX_ROWS][2];
     for (int r = 0; r < M; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    for (int64_t sb = 0; sb < nsb; sb++, src += 210) {
-        const uint8_t *ql = src, *qh = src + 128;
-        const int8_t *sc = (const int8_t *)(src + 192);
-        const float d = K(half_to_float)(K(rd16)(src + 208));
-        for (int half = 0; half < 2; half++, ql += 64, qh += 32, sc += 8) {
-            const __m256i h = _mm256_loadu_si256((const __m256i *)qh);
-            for (int j = 0; j < 4; j++) {
-                const __m256i q = K(q6_k_run_pair)(ql, h, j);
-                const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
-                const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
-                const __m512 s0 = _mm512_set1_ps(d * (float)sc[2 * j]), s1 = _mm512_set1_ps(d * (float)sc[2 * j + 1]);
-                const int64_t o = sb * 256 + half * 128 + 32 * j;
-                for (int r = 0; r < M; r++) {
-                    const float *xr = x + r * k + o;
-                    acc[r][0] = _mm512_fmadd_ps(s0, _mm512_mul_ps(q0, _mm512_loadu_ps(xr)), acc[r][0]);
-                    acc[r][1] = _mm512_fmadd_ps(s1, _mm512_mul_ps(q1, _mm512_loadu_ps(xr + 16)), acc[r][1]);
-                }
+    for (int64_t sb = 0; sb < nsb; sb++, src += 320) {
+        for (int c = 0; c < 8; c++) {
+            const __m256i q = _mm256_loadu_si256((const __m256i *)(src + 64 + 32 * c));
+            const __m512 q0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(q)));
+            const __m512 q1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(q, 1)));
+            const __m512 s0 = _mm512_set1_ps(K(rdf)(src + 8 * c)), s1 = _mm512_set1_ps(K(rdf)(src + 8 * c + 4));
+            const int64_t o = sb * 256 + 32 * c;
+            for (int r = 0; r < M; r++) {
+                const float *xr = x + r * k + o;
+                acc[r][0] = _mm512_fmadd_ps(s0, _mm512_mul_ps(q0, _mm512_loadu_ps(xr)), acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(s1, _mm512_mul_ps(q1, _mm512_loadu_ps(xr + 16)), acc[r][1]);
             }
         }
     }
     for (int r = 0; r < M; r++) y[r * ldy] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-static void K(gemv_q6_k)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
-                         float *y, int64_t ldy) {
-    GEMV_ROWS_LOOP(K(q6_k_gemv_row), k / 256)
+static void K(gemv_q6_kr)(const uint8_t *w, int64_t row_bytes, int64_t nw, int64_t k, const float *x, int64_t m,
+                          float *y, int64_t ldy) {
+    GEMV_ROWS_LOOP(K(q6_kr_gemv_row), k / 256)
 }
 #endif

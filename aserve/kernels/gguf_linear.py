@@ -1,7 +1,8 @@
 """Linear layers and embeddings that run on a GGUF file's own quantized blocks (CPU).
 
 The weight stays as llama.cpp wrote it (``[rows, row_bytes]`` uint8, Q8_0 / Q5_0 / Q4_K /
-Q6_K); ``_ggufmm`` (a small C extension, built with the package) multiplies float32
+Q6_K), or for Q5_0 / Q4_K / Q6_K in a repacked layout holding the same weights bit for bit
+(int8 quants and float scales: no bit unpacking per call, 1.3-1.6x the bytes); ``_ggufmm`` (a small C extension, built with the package) multiplies float32
 activations by it without a float32 copy of the weight. Few rows (decode, the LM head):
 the kernel. Many rows (prefill): the weight is dequantized once per call into a scratch
 buffer and torch's sgemm runs, since a GEMM of hundreds of rows is compute bound and MKL
@@ -18,6 +19,9 @@ from torch import nn
 
 # ggml type ids (gguf.GGMLQuantizationType) the kernel reads.
 QTYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+# The ids of their repacked layouts (aserve's own, see "Repacked layouts" in _ggufmm.c):
+# the same weights bit for bit, laid out so a decode step's matmul does not unpack bits.
+REPACKED = {6: 1006, 12: 1012, 14: 1014}
 # Rows of activations from which a call dequantizes the weight and runs sgemm instead.
 GEMM_MIN_ROWS = 32
 # Rows of the weight dequantized per sgemm (bounds the scratch: 16384 x 640 floats = 40 MB).
@@ -79,6 +83,17 @@ def gguf_matmul(
     return y
 
 
+def repack(blocks: torch.Tensor, qtype: int, in_features: int) -> tuple[torch.Tensor, int]:
+    """Q5_0 / Q4_K / Q6_K blocks [rows, row_bytes] -> (the same weights in the kernel's repacked
+    layout [rows, row_bytes'], its id ``REPACKED[qtype]``)."""
+    assert blocks.is_contiguous() and blocks.dtype == torch.uint8, "blocks must be contiguous uint8"
+    to = REPACKED[qtype]
+    out = torch.empty(blocks.shape[0], row_bytes(to, in_features), dtype=torch.uint8)
+    got = _k().repack(qtype, blocks.data_ptr(), blocks.shape[0], in_features, out.data_ptr())
+    assert got == to, (got, to)
+    return out, to
+
+
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [M, K] float32 (K a multiple of 32) -> (xq int8 [M, K], xd float32 [M, K / 32]):
     llama.cpp's Q8_0 activations, per block of 32: xd = max|x| / 127, xq = round(x / xd)."""
@@ -123,7 +138,9 @@ def dequantize_rows(
 
 class GGUFLinear(nn.Module):
     """``nn.Linear`` whose weight is GGUF blocks ``[out_features, row_bytes]`` uint8; ``bias``:
-    a float32 bias parameter (filled by the checkpoint, as Qwen2's q/k/v biases)."""
+    a float32 bias parameter (filled by the checkpoint, as Qwen2's q/k/v biases). Q5_0, Q4_K
+    and Q6_K blocks are repacked once here (``repack``): ``gguf_qtype`` is the file's type,
+    ``qtype`` the layout the kernel runs."""
 
     blocks: torch.Tensor
 
@@ -132,7 +149,11 @@ class GGUFLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(blocks.shape[0]), requires_grad=False) if bias else None
         expect = row_bytes(qtype, in_features)
         assert blocks.dim() == 2 and blocks.shape[1] == expect, f"blocks {tuple(blocks.shape)}, want [*, {expect}]"
-        self.register_buffer("blocks", blocks.contiguous(), persistent=False)
+        self.gguf_qtype = qtype
+        blocks = blocks.contiguous()
+        if qtype in REPACKED:
+            blocks, qtype = repack(blocks, qtype, in_features)
+        self.register_buffer("blocks", blocks, persistent=False)
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = blocks.shape[0]
@@ -158,8 +179,13 @@ class GGUFLinear(nn.Module):
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        name = next((k for k, v in QTYPES.items() if v == self.qtype), str(self.qtype))
+        name = qtype_name(self.gguf_qtype) + (" (repacked)" if self.qtype != self.gguf_qtype else "")
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={name}"
+
+
+def qtype_name(qtype: int) -> str:
+    """A GGML type id's name (``Q4_K``), or the id as text for one the kernel does not read."""
+    return next((k for k, v in QTYPES.items() if v == qtype), str(qtype))
 
 
 class GGUFEmbedding(nn.Module):

@@ -69,6 +69,18 @@ def _reference(blocks: torch.Tensor, qname: str) -> np.ndarray:
     return np.asarray(dequantize(blocks.numpy(), GGMLQuantizationType[qname]), dtype=np.float32)
 
 
+def _as_run(blocks: torch.Tensor, qname: str, k: int, layout: str) -> tuple[torch.Tensor, int]:
+    """(blocks, qtype) in ``layout``: "gguf" as the file stores them, "repacked" as GGUFLinear
+    runs them (the kernel's own layout for Q5_0 / Q4_K / Q6_K; Q8_0 has none and stays)."""
+    qtype = gl.QTYPES[qname]
+    if layout == "repacked" and qtype in gl.REPACKED:
+        return gl.repack(blocks, qtype, k)
+    return blocks, qtype
+
+
+LAYOUTS = ["gguf", "repacked"]
+
+
 def _check_matmul(blocks: torch.Tensor, qtype: int, k: int, ref: np.ndarray, m: int, seed: int) -> None:
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed))
     got = gl.gguf_matmul(x, blocks, qtype, k).double()  # [m, rows]
@@ -79,60 +91,95 @@ def _check_matmul(blocks: torch.Tensor, qtype: int, k: int, ref: np.ndarray, m: 
     assert ((got - want).abs() <= bound + 1e-30).all(), (got - want).abs().max().item()
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("qname", list(REAL))
 @pytest.mark.slow  # reading the GGUF's header (a 262k-entry vocabulary) takes ~30 s on 2 cores
-def test_dequantize_matches_gguf_py_bit_for_bit(qname: str, real_tensors: dict) -> None:
+def test_dequantize_matches_gguf_py_bit_for_bit(qname: str, layout: str, real_tensors: dict) -> None:
     blocks, k, ref = real_tensors[qname]
-    got = gl.dequantize_rows(blocks, gl.QTYPES[qname], k).numpy()
+    got = gl.dequantize_rows(*_as_run(blocks, qname, k, layout), k).numpy()
     assert np.array_equal(got, ref)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("qname", list(REAL))
-def test_random_blocks_dequantize_exactly(qname: str) -> None:
+def test_random_blocks_dequantize_exactly(qname: str, layout: str) -> None:
     k = 512
     blocks = _random_blocks(qname, 37, k, seed=1)
-    got = gl.dequantize_rows(blocks, gl.QTYPES[qname], k).numpy()
+    got = gl.dequantize_rows(*_as_run(blocks, qname, k, layout), k).numpy()
     assert np.array_equal(got, _reference(blocks, qname))
+
+
+@pytest.mark.parametrize("qname", ["Q5_0", "Q4_K", "Q6_K"])
+def test_repacked_layout_sizes_and_linear(qname: str) -> None:
+    """GGUFLinear runs the repacked layout, reports the file's type, and multiplies the same."""
+    k = 512
+    blocks = _random_blocks(qname, 19, k, seed=11)
+    lin = gl.GGUFLinear(blocks, gl.QTYPES[qname], k)
+    assert lin.gguf_qtype == gl.QTYPES[qname] and lin.qtype == gl.REPACKED[lin.gguf_qtype]
+    per_32 = {"Q5_0": 36, "Q4_K": 24, "Q6_K": 40}[qname]  # bytes per 32 weights, repacked
+    assert lin.blocks.shape == (19, k // 32 * per_32)
+    assert "repacked" in repr(lin)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(12))
+    with torch.no_grad():
+        got = lin(x).double()
+    ref = torch.from_numpy(_reference(blocks, qname)).double()
+    bound = (x.double().abs() @ ref.abs().t()) * 1e-6
+    assert ((got - x.double() @ ref.t()).abs() <= bound + 1e-30).all()
+
+
+def test_repack_rejects_a_type_without_a_layout() -> None:
+    k = gl.kernel()
+    assert k is not None
+    blocks = _random_blocks("Q8_0", 2, 64, seed=1)
+    with pytest.raises(ValueError, match="no repacked layout"):
+        k.repack(gl.QTYPES["Q8_0"], blocks.data_ptr(), 2, 64, blocks.data_ptr())
 
 
 # 1 and 5 rows run the kernel (5: one tile of four plus a tail), 40 the dequantize + sgemm path.
 @pytest.mark.slow
 @pytest.mark.parametrize("m", [1, 5, gl.GEMM_MIN_ROWS + 8])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("qname", list(REAL))
-def test_matmul_real_weights(qname: str, m: int, real_tensors: dict) -> None:
+def test_matmul_real_weights(qname: str, layout: str, m: int, real_tensors: dict) -> None:
     blocks, k, ref = real_tensors[qname]
-    _check_matmul(blocks, gl.QTYPES[qname], k, ref, m, seed=m)
+    _check_matmul(*_as_run(blocks, qname, k, layout), k, ref, m, seed=m)
 
 
-# 1-6 rows take the fused copies for Q5_0 and Q4_K on AVX-512 (GEMV_MAX_ROWS), 7 the tiles.
+# 1-6 rows take the fused copies for the repacked layouts on AVX-512 (GEMV_MAX_ROWS), 7 the tiles.
 @pytest.mark.parametrize("m", [1, 2, 3, 5, 6, 7, gl.GEMM_MIN_ROWS + 8])
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("qname", list(REAL))
-def test_matmul_random_blocks(qname: str, m: int) -> None:
+def test_matmul_random_blocks(qname: str, layout: str, m: int) -> None:
     # 37 output rows: not a multiple of the kernel's chunk of 16 or of the thread count.
     k = 768 if qname in ("Q4_K", "Q6_K") else 96
     blocks = _random_blocks(qname, 37, k, seed=2)
-    _check_matmul(blocks, gl.QTYPES[qname], k, _reference(blocks, qname), m, seed=m)
+    _check_matmul(*_as_run(blocks, qname, k, layout), k, _reference(blocks, qname), m, seed=m)
 
 
 @pytest.mark.parametrize("m", [1, 4, 6])
-@pytest.mark.parametrize("qname", list(REAL))
+@pytest.mark.parametrize("qname", ["Q5_0", "Q4_K", "Q6_K"])
 def test_fused_and_dequantize_then_dot_agree(qname: str, m: int) -> None:
-    """The few-row fused copies against the dequantize-then-dot path on the same machine."""
+    """The few-row fused copies (repacked layouts) against the dequantize-then-dot path on the
+    same machine: equal to float32 rounding, and, on AVX-512, not the same bits (the fused
+    copy sums in another order, so this shows it ran)."""
     k = gl.kernel()
     assert k is not None
     in_features = 1024 if qname in ("Q4_K", "Q6_K") else 640
-    blocks = _random_blocks(qname, 53, in_features, seed=8)
+    raw = _random_blocks(qname, 53, in_features, seed=8)
+    blocks, qtype = _as_run(raw, qname, in_features, "repacked")
     x = torch.randn(m, in_features, generator=torch.Generator().manual_seed(9))
     prev = k.set_gemv(True)
     try:
-        fused = gl.gguf_matmul(x, blocks, gl.QTYPES[qname], in_features)
+        fused = gl.gguf_matmul(x, blocks, qtype, in_features)
         k.set_gemv(False)
-        plain = gl.gguf_matmul(x, blocks, gl.QTYPES[qname], in_features)
+        plain = gl.gguf_matmul(x, blocks, qtype, in_features)
     finally:
         k.set_gemv(prev)
-    ref = torch.from_numpy(_reference(blocks, qname)).double()
+    ref = torch.from_numpy(_reference(raw, qname)).double()
     bound = (x.double().abs() @ ref.abs().t()) * 1e-6
     assert ((fused.double() - plain.double()).abs() <= bound + 1e-30).all()
+    if k.isa() == "avx512":
+        assert not torch.equal(fused, plain)
 
 
 @pytest.mark.slow  # reading the GGUF's header (a 262k-entry vocabulary) takes ~30 s on 2 cores
@@ -187,13 +234,15 @@ def test_every_instruction_set_copy(qname: str, isa_copies: list[str]) -> None:
     k = gl.kernel()
     assert k is not None
     in_features = 512
-    blocks = _random_blocks(qname, 21, in_features, seed=5)
-    ref = _reference(blocks, qname)
+    raw = _random_blocks(qname, 21, in_features, seed=5)
+    ref = _reference(raw, qname)
     for isa in isa_copies:
         k.set_isa(isa)
-        assert np.array_equal(gl.dequantize_rows(blocks, gl.QTYPES[qname], in_features).numpy(), ref), isa
-        for m in (1, 6):
-            _check_matmul(blocks, gl.QTYPES[qname], in_features, ref, m, seed=6)
+        for layout in LAYOUTS:
+            blocks, qtype = _as_run(raw, qname, in_features, layout)
+            assert np.array_equal(gl.dequantize_rows(blocks, qtype, in_features).numpy(), ref), (isa, layout)
+            for m in (1, 6):
+                _check_matmul(blocks, qtype, in_features, ref, m, seed=6)
 
 
 def test_set_isa_rejects_an_unknown_name() -> None:
