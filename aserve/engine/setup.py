@@ -121,7 +121,7 @@ def use_gguf_blocks(cfg: EngineConfig, device: torch.device) -> bool:
 
 
 def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
-    from aserve.kernels.gguf_linear import GGUFLinear, kernel, qtype_name
+    from aserve.kernels.gguf_linear import REPACKED, GGUFLinear, kernel, qtype_name
 
     counts: dict[str, int] = {}
     repacked: set[str] = set()
@@ -129,7 +129,7 @@ def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
         if isinstance(m, GGUFLinear):
             name = qtype_name(m.gguf_qtype)
             counts[name] = counts.get(name, 0) + 1
-            if m.qtype != m.gguf_qtype:
+            if m.qtype in REPACKED.values():
                 repacked.add(name)
     if not counts:
         return str(dtype).removeprefix("torch.")
@@ -147,12 +147,14 @@ def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
 
 
 def use_prefill_bf16(cfg: EngineConfig, model: torch.nn.Module, blocks: bool) -> None:
-    """Prefill-sized GGUF matmuls in bfloat16: asked for (``gguf_prefill="bfloat16"``; an
-    error without GGUF blocks), or unset on a CPU with AVX-512 BF16, where torch's bfloat16
-    matmul runs ~2.4x float32's speed and the default model stays within issue 20's quality
-    bar (every position of the quality corpus through bfloat16 prefill matmuls and the int8
-    head: top-1 = float32's at 98.29%, perplexity +0.107%; docs/benchmarks.md). Serving
-    decodes in float32, so there it is better than that."""
+    """GGUF matmuls of more than 6 rows (prefills, decode steps of 7+ streams) in bfloat16:
+    asked for (``gguf_prefill="bfloat16"``; an error without GGUF blocks), or unset on a CPU
+    with AVX-512 BF16, where prefill-sized calls run torch's bfloat16 matmul (~2.4x float32's
+    speed) and 7-31 rows the kernel's bfloat16 tiles (~1.4x), and the default model stays
+    within issue 20's quality bar (every position of the quality corpus through bfloat16
+    matmuls and the int8 head: top-1 = float32's at 98.29%, perplexity +0.107%;
+    docs/benchmarks.md). Decode steps of 6 streams or fewer stay float32.
+    """
     from aserve.kernels.gguf_linear import GGUFLinear, kernel
 
     if cfg.gguf_prefill == "float32":

@@ -44,6 +44,9 @@
 /* ggml type ids (gguf.GGMLQuantizationType), and aserve's repacked forms of three of them
  * ("Repacked layouts" below; ids of our own, never in a GGUF file) */
 enum { T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14, T_Q5_0R = 1006, T_Q4_KR = 1012, T_Q6_KR = 1014 };
+/* Q8_0 in groups of 16 rows for the int8 head ("Q8_0 in groups of 16 rows" below); only
+ * matmul_q8_0x16_i8 and dequantize_q8_0x16 read it. */
+enum { T_Q8_0X16 = 1008 };
 
 /* Byte i of q5_high_bits[b] is bit i of b moved to bit 4 (Q5_0's fifth bit, 8 at a time). */
 static uint64_t q5_high_bits[256];
@@ -257,6 +260,7 @@ struct job {
     int64_t groups;
     const int8_t *xq; /* the same x row-major [m, k], and its scales [m, k / 32] */
     const float *xd;
+    const uint16_t *xb; /* set: x [m, k] in bfloat16, and the tiles multiply in bfloat16 */
 };
 
 /* Each shared word on its own cache line: a claim or a count must not evict the call's
@@ -296,6 +300,57 @@ static int grow(float **buf, int64_t *cap, int64_t floats) {
     return *buf == NULL ? -1 : 0;
 }
 
+/* ---- bfloat16 tiles (AVX-512 BF16) -------------------------------------------------------
+ *
+ * Matmuls of more rows than the fused copies take (a batch of decode steps) are bound by the
+ * tiles' float multiply-adds. With bf16 set on a CPU with AVX-512 BF16, x is rounded to
+ * bfloat16 once per call and each dequantized weight row on its way through L1; vdpbf16ps
+ * then does two products per lane and instruction where a float FMA does one, accumulating
+ * in float32. The same rounding as gguf_linear's bfloat16 prefill, without rounding the result. */
+#ifdef HAVE_X86_COPIES
+#define BF16_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,fma")))
+/* n floats (a multiple of 32) -> bfloat16, round to nearest even. dst may be src: the bytes
+ * written never overtake the floats still to be read. */
+BF16_TARGET static void to_bf16(const float *src, int64_t n, uint16_t *dst) {
+    for (int64_t i = 0; i < n; i += 32) {
+        const __m512 lo = _mm512_loadu_ps(src + i), hi = _mm512_loadu_ps(src + i + 16);
+        _mm512_storeu_si512((void *)(dst + i), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+    }
+}
+
+BF16_TARGET static inline __m512bh ld_bf16(const uint16_t *p) { return (__m512bh)_mm512_loadu_si512((const void *)p); }
+
+/* w: nw <= 4 rows [nw, k] and x: m rows [m, k], both bfloat16; y[r * ldy + j] = dot(w_j, x_r).
+ * A register tile of 4 weight rows by 4 rows of x, as dot_rows, with the rest one pair at a time. */
+BF16_TARGET static void dot_rows_bf16(const uint16_t *w, int64_t nw, int64_t k, const uint16_t *x, int64_t m,
+                                      float *y, int64_t ldy) {
+    int64_t r = 0;
+    if (nw == 4) {
+        for (; r + 4 <= m; r += 4) {
+            __m512 acc[4][4];
+            for (int j = 0; j < 4; j++)
+                for (int t = 0; t < 4; t++) acc[j][t] = _mm512_setzero_ps();
+            for (int64_t i = 0; i < k; i += 32) {
+                __m512bh wv[4], xv[4];
+                for (int j = 0; j < 4; j++) wv[j] = ld_bf16(w + j * k + i);
+                for (int t = 0; t < 4; t++) xv[t] = ld_bf16(x + (r + t) * k + i);
+                for (int j = 0; j < 4; j++)
+                    for (int t = 0; t < 4; t++) acc[j][t] = _mm512_dpbf16_ps(acc[j][t], wv[j], xv[t]);
+            }
+            for (int t = 0; t < 4; t++)
+                for (int j = 0; j < 4; j++) y[(r + t) * ldy + j] = _mm512_reduce_add_ps(acc[j][t]);
+        }
+    }
+    for (; r < m; r++)
+        for (int64_t j = 0; j < nw; j++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t i = 0; i < k; i += 32) acc = _mm512_dpbf16_ps(acc, ld_bf16(w + j * k + i), ld_bf16(x + r * k + i));
+            y[r * ldy + j] = _mm512_reduce_add_ps(acc);
+        }
+}
+#undef BF16_TARGET
+#endif
+
 /* Chunk c of a call: 4 weight rows at a time dequantized into buf (16 KB for k = 1024: L1),
  * then their dot products with every row of x; or rows of W dequantized straight into y. */
 static void run_chunk(const struct job *j, int64_t c, float *buf) {
@@ -318,6 +373,13 @@ static void run_chunk(const struct job *j, int64_t c, float *buf) {
     for (int64_t r = start; r < end; r += 4) {
         const int64_t nw = end - r < 4 ? end - r : 4;
         for (int64_t i = 0; i < nw; i++) j->fn(j->w + (r + i) * j->row_bytes, j->k, buf + i * j->k);
+#ifdef HAVE_X86_COPIES
+        if (j->xb != NULL) {
+            to_bf16(buf, nw * j->k, (uint16_t *)buf);
+            dot_rows_bf16((const uint16_t *)buf, nw, j->k, j->xb, j->m, j->y + r, j->n);
+            continue;
+        }
+#endif
         j->dot(buf, nw, j->k, j->x, j->m, j->y + r, j->n);
     }
 }
@@ -452,13 +514,15 @@ static int check_shape(int qtype, int64_t k, int64_t *block, int64_t *bytes, deq
     return 0;
 }
 
-/* matmul(qtype, w_ptr, n, k, x_ptr, m, y_ptr, threads): y[m, n] = x[m, k] @ W[n, k]^T */
+/* matmul(qtype, w_ptr, n, k, x_ptr, m, y_ptr, threads[, bf16]): y[m, n] = x[m, k] @ W[n, k]^T.
+ * bf16 (default 0): a call of more than GEMV_MAX_ROWS rows multiplies in bfloat16 where the CPU
+ * has AVX-512 BF16 ("bfloat16 tiles" above); elsewhere, and for fewer rows, it is ignored. */
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
-    int qtype, threads;
+    int qtype, threads, bf16 = 0;
     unsigned long long wp, xp, yp;
     long long n, k, m;
     (void)self;
-    if (!PyArg_ParseTuple(args, "iKLLKLKi", &qtype, &wp, &n, &k, &xp, &m, &yp, &threads)) return NULL;
+    if (!PyArg_ParseTuple(args, "iKLLKLKi|i", &qtype, &wp, &n, &k, &xp, &m, &yp, &threads, &bf16)) return NULL;
     int64_t block, bytes;
     deq_fn fn;
     if (check_shape(qtype, k, &block, &bytes, &fn) != 0) return NULL;
@@ -479,9 +543,21 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     j.y = (float *)(uintptr_t)yp;
     /* Chunks of a multiple of 16 rows: a chunk's slice of y is whole cache lines per row of x. */
     j.chunk_rows = chunk_rows_for(n, 16, threads);
-    int rc;
+    uint16_t *xb = NULL;
+    int rc = 0;
     Py_BEGIN_ALLOW_THREADS
-    rc = run_job(&j, (n + j.chunk_rows - 1) / j.chunk_rows, threads);
+#ifdef HAVE_X86_COPIES
+    if (bf16 && m > GEMV_MAX_ROWS && has_bf16 && cur_isa == 0) {
+        xb = (uint16_t *)aligned_alloc(64, (size_t)((m * k * 2 + 63) / 64 * 64));
+        if (xb == NULL) rc = -1;
+        else {
+            to_bf16(j.x, m * k, xb);
+            j.xb = xb;
+        }
+    }
+#endif
+    if (rc == 0) rc = run_job(&j, (n + j.chunk_rows - 1) / j.chunk_rows, threads);
+    free(xb);
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
@@ -663,6 +739,118 @@ VNNI_TARGET static void i8_rows_vnni(const struct job *j, int64_t start, int64_t
 #endif
 
 
+/* ---- Q8_0 in groups of 16 rows, for the int8 head -----------------------------------------
+ *
+ * matmul_q8_0_i8 puts rows of x in the lanes and broadcasts the weights; each weight row's
+ * block then also pays for its sum of quants and its scale. Q8_0X16 puts 16 rows of W in the
+ * lanes instead: a block's weights are loaded once for all rows of x, and a row of x costs 8
+ * vpdpbusd with its bytes broadcast and five other instructions. Per group of 16 rows and
+ * block of 32 (544 bytes, Q8_0's own size): the 16 rows' half-precision d (32 bytes), then for
+ * t < 8 the 16 rows' quant bytes 4t .. 4t + 3, each + 128 (vpdpbusd's unsigned operand), row
+ * after row. x stays signed, and 128 * sum(xq) of each of its blocks comes off the integer
+ * sum, which is then sum(xq * q) exactly, scaled and added block by block as there: the same
+ * bits as matmul_q8_0_i8. The weight's rows: a multiple of 16. */
+static void repack_q8_0x16(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
+    const int64_t nb = k / 32;
+    for (int64_t g = 0; g < n / 16; g++)
+        for (int64_t b = 0; b < nb; b++) {
+            uint8_t *o = dst + (g * nb + b) * 544;
+            for (int l = 0; l < 16; l++) {
+                const uint8_t *blk = src + ((16 * g + l) * nb + b) * 34;
+                memcpy(o + 2 * l, blk, 2);
+                for (int i = 0; i < 32; i++) o[32 + 64 * (i / 4) + 4 * l + i % 4] = blk[2 + i] ^ 0x80;
+            }
+        }
+}
+
+/* Rows start .. end (multiples of 16) of y, portable: the same sums in plain loops. */
+static void i8x16_rows_portable(const struct job *j, int64_t start, int64_t end) {
+    const int64_t nb = j->k / 32;
+    const int32_t *xc = (const int32_t *)j->ctx;
+    for (int64_t g = start / 16; g < end / 16; g++)
+        for (int64_t r = 0; r < j->m; r++) {
+            float acc[16] = {0};
+            for (int64_t b = 0; b < nb; b++) {
+                const uint8_t *blk = j->w + (g * nb + b) * 544;
+                const int8_t *xr = j->xq + r * j->k + 32 * b;
+                for (int l = 0; l < 16; l++) {
+                    int32_t s = 0;
+                    for (int i = 0; i < 32; i++) s += (int32_t)blk[32 + 64 * (i / 4) + 4 * l + i % 4] * xr[i];
+                    const float d = half_to_float_base(rd16_base(blk + 2 * l));
+                    acc[l] = fmaf((float)(s - xc[r * nb + b]), d * j->xd[r * nb + b], acc[l]);
+                }
+            }
+            memcpy(j->y + r * j->n + 16 * g, acc, sizeof acc);
+        }
+}
+
+#ifdef HAVE_X86_COPIES
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+/* Group g of W against rows r0 .. r0 + R - 1 of x (R a constant after inlining: the
+ * accumulators stay in registers). */
+VNNI_TARGET static inline __attribute__((always_inline)) void i8x16_tile(const struct job *j, int64_t g, int64_t r0,
+                                                                          const int R) {
+    const int64_t nb = j->k / 32;
+    const int32_t *xc = (const int32_t *)j->ctx;
+    __m512 acc[8];
+    for (int rr = 0; rr < R; rr++) acc[rr] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = j->w + (g * nb + b) * 544;
+        const __m512 dv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
+        __m512i wq[8];
+        for (int t = 0; t < 8; t++) wq[t] = _mm512_loadu_si512((const void *)(blk + 32 + 64 * t));
+        for (int rr = 0; rr < R; rr++) {
+            const int64_t r = r0 + rr;
+            const int8_t *xr = j->xq + r * j->k + 32 * b;
+            __m512i a0 = _mm512_setzero_si512(), a1 = _mm512_setzero_si512();
+            for (int t = 0; t < 8; t += 2) {
+                int32_t x0, x1;
+                memcpy(&x0, xr + 4 * t, 4);
+                memcpy(&x1, xr + 4 * t + 4, 4);
+                a0 = _mm512_dpbusd_epi32(a0, wq[t], _mm512_set1_epi32(x0));
+                a1 = _mm512_dpbusd_epi32(a1, wq[t + 1], _mm512_set1_epi32(x1));
+            }
+            const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(a0, a1), _mm512_set1_epi32(xc[r * nb + b]));
+            const __m512 sc = _mm512_mul_ps(dv, _mm512_set1_ps(j->xd[r * nb + b]));
+            acc[rr] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[rr]);
+        }
+    }
+    for (int rr = 0; rr < R; rr++) _mm512_storeu_ps(j->y + (r0 + rr) * j->n + 16 * g, acc[rr]);
+}
+
+VNNI_TARGET static void i8x16_rows_vnni(const struct job *j, int64_t start, int64_t end) {
+    for (int64_t g = start / 16; g < end / 16; g++)
+        for (int64_t r0 = 0; r0 < j->m; r0 += 8) {
+            switch (j->m - r0 < 8 ? j->m - r0 : 8) {
+            case 1: i8x16_tile(j, g, r0, 1); break;
+            case 2: i8x16_tile(j, g, r0, 2); break;
+            case 3: i8x16_tile(j, g, r0, 3); break;
+            case 4: i8x16_tile(j, g, r0, 4); break;
+            case 5: i8x16_tile(j, g, r0, 5); break;
+            case 6: i8x16_tile(j, g, r0, 6); break;
+            case 7: i8x16_tile(j, g, r0, 7); break;
+            default: i8x16_tile(j, g, r0, 8); break;
+            }
+        }
+}
+#undef VNNI_TARGET
+#endif
+
+/* Row i of out = row rows[i] (or i) of a Q8_0X16 weight, for i in start .. end. */
+static void x16_dequant_rows(const struct job *j, int64_t start, int64_t end) {
+    const int64_t nb = j->k / 32;
+    for (int64_t i = start; i < end; i++) {
+        const int64_t r = j->rows != NULL ? j->rows[i] : i, g = r / 16, l = r % 16;
+        float *out = j->y + i * j->k;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = j->w + (g * nb + b) * 544;
+            const float d = half_to_float_base(rd16_base(blk + 2 * l));
+            for (int e = 0; e < 32; e++)
+                out[32 * b + e] = d * (float)(int8_t)(blk[32 + 64 * (e / 4) + 4 * l + e % 4] ^ 0x80);
+        }
+    }
+}
+
 /* The int8 path's copy for the current instruction set: VNNI where the CPU has it and the
  * AVX-512 copy is selected, else the portable loop (the same sums, slower). */
 static void (*i8_rows_fn(void))(const struct job *, int64_t, int64_t) {
@@ -826,6 +1014,88 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
 }
 #undef PTR
 
+/* repack_q8_0x16(src_ptr, n, k, dst_ptr): n rows (a multiple of 16) of Q8_0 blocks into Q8_0X16 */
+static PyObject *py_repack_q8_0x16(PyObject *self, PyObject *args) {
+    unsigned long long sp, dp;
+    long long n, k;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLLK", &sp, &n, &k, &dp)) return NULL;
+    if (k <= 0 || k % 32 != 0 || n % 16 != 0)
+        return PyErr_Format(PyExc_ValueError, "repack_q8_0x16: k = %lld must be a multiple of 32 and n = %lld a multiple of 16", k, n);
+    Py_BEGIN_ALLOW_THREADS
+    repack_q8_0x16((const uint8_t *)(uintptr_t)sp, n, k, (uint8_t *)(uintptr_t)dp);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
+/* matmul_q8_0x16_i8(w_ptr, n, k, xq_ptr, xd_ptr, m, y_ptr, threads): matmul_q8_0_i8 on a
+ * Q8_0X16 weight (n a multiple of 16), the same bits. */
+static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
+    int threads;
+    unsigned long long wp, qp, dp, yp;
+    long long n, k, m;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLLKKLKi", &wp, &n, &k, &qp, &dp, &m, &yp, &threads)) return NULL;
+    if (k <= 0 || k % 32 != 0 || m <= 0 || n % 16 != 0)
+        return PyErr_Format(PyExc_ValueError, "matmul_q8_0x16_i8: k = %lld (a multiple of 32), m = %lld > 0, n = %lld "
+                            "(a multiple of 16)", k, m, n);
+    const int64_t nb = k / 32;
+    int32_t *xc = malloc((size_t)(m * nb) * sizeof(int32_t));
+    if (xc == NULL) return PyErr_NoMemory();
+    const int8_t *xq = (const int8_t *)(uintptr_t)qp;
+    for (int64_t i = 0; i < m * nb; i++) {
+        int32_t s = 0;
+        for (int e = 0; e < 32; e++) s += xq[32 * i + e];
+        xc[i] = 128 * s;
+    }
+    struct job j = {0};
+    j.rowfn = i8x16_rows_portable;
+#ifdef HAVE_X86_COPIES
+    if (has_vnni && cur_isa == 0) j.rowfn = i8x16_rows_vnni;
+#endif
+    j.ctx = xc;
+    j.w = (const uint8_t *)(uintptr_t)wp;
+    j.k = k;
+    j.n = n;
+    j.m = m;
+    j.y = (float *)(uintptr_t)yp;
+    j.xq = xq;
+    j.xd = (const float *)(uintptr_t)dp;
+    j.chunk_rows = chunk_rows_for(n, 16, threads);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_job(&j, (n + j.chunk_rows - 1) / j.chunk_rows, threads);
+    Py_END_ALLOW_THREADS
+    free(xc);
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* dequantize_q8_0x16(w_ptr, k, rows_ptr or 0, count, out_ptr, threads): as dequantize, on a
+ * Q8_0X16 weight (row indices unchecked: the caller checks them). */
+static PyObject *py_dequantize_q8_0x16(PyObject *self, PyObject *args) {
+    int threads;
+    unsigned long long wp, rp, op;
+    long long k, count;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLKLKi", &wp, &k, &rp, &count, &op, &threads)) return NULL;
+    if (k <= 0 || k % 32 != 0) return PyErr_Format(PyExc_ValueError, "dequantize_q8_0x16: k = %lld", k);
+    struct job j = {0};
+    j.rowfn = x16_dequant_rows;
+    j.w = (const uint8_t *)(uintptr_t)wp;
+    j.k = k;
+    j.n = count;
+    j.rows = (const int64_t *)(uintptr_t)rp;
+    j.y = (float *)(uintptr_t)op;
+    j.chunk_rows = chunk_rows_for(count, 16, threads);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = run_job(&j, count == 0 ? 0 : (count + j.chunk_rows - 1) / j.chunk_rows, count > 8 ? threads : 1);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
 /* i8_isa(): which copy matmul_q8_0_i8 runs ("vnni" or "portable") */
 static PyObject *py_i8_isa(PyObject *self, PyObject *args) {
     (void)self;
@@ -899,6 +1169,9 @@ static PyMethodDef methods[] = {
     {"row_bytes", py_row_bytes, METH_VARARGS, "bytes of one row of k weights of a GGML type"},
     {"repack", py_repack, METH_VARARGS, "rows of Q5_0 / Q4_K / Q6_K blocks into their repacked layout (pointers)"},
     {"matmul_q8_0_i8", py_matmul_q8_0_i8, METH_VARARGS, "y = x @ W^T, Q8_0 W, x as int8 blocks + scales (pointers)"},
+    {"repack_q8_0x16", py_repack_q8_0x16, METH_VARARGS, "Q8_0 rows into groups of 16 (the int8 head's layout)"},
+    {"matmul_q8_0x16_i8", py_matmul_q8_0x16_i8, METH_VARARGS, "matmul_q8_0_i8 on a Q8_0X16 weight (pointers)"},
+    {"dequantize_q8_0x16", py_dequantize_q8_0x16, METH_VARARGS, "rows of a Q8_0X16 weight as float32 (pointers)"},
     {"i8_isa", py_i8_isa, METH_NOARGS, "the copy matmul_q8_0_i8 runs: vnni or portable"},
     {"has_bf16", py_has_bf16, METH_NOARGS, "whether the CPU has AVX-512 BF16"},
     {"rmsnorm", py_rmsnorm, METH_VARARGS, "RMSNorm of float32 rows (pointers)"},

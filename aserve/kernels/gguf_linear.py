@@ -22,6 +22,8 @@ QTYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 # The ids of their repacked layouts (aserve's own, see "Repacked layouts" in _ggufmm.c):
 # the same weights bit for bit, laid out so a decode step's matmul does not unpack bits.
 REPACKED = {6: 1006, 12: 1012, 14: 1014}
+# Q8_0 in groups of 16 rows: the int8 head's layout (set_int8_activations), same weights.
+Q8_0X16 = 1008
 # Rows of activations from which a call dequantizes the weight and runs sgemm instead.
 GEMM_MIN_ROWS = 32
 # Rows of the weight dequantized per sgemm (bounds the scratch: 16384 x 640 floats = 40 MB).
@@ -68,7 +70,9 @@ def gguf_matmul(
     ``gemm_bf16``: a call of ``GEMM_MIN_ROWS`` rows and more (a prefill) multiplies in bfloat16
     (x and the dequantized weight rounded to bfloat16, float32 accumulation in torch's oneDNN
     matmul, the result rounded to bfloat16: ~2.4x float32's speed where the CPU has AVX-512
-    BF16)."""
+    BF16), and so does a call of 7 to ``GEMM_MIN_ROWS - 1`` rows (a batch of decode steps) in
+    the kernel's bfloat16 tiles, where the CPU has AVX-512 BF16 (x and the weight rounded, the
+    result not). Up to 6 rows the kernel stays float32 whatever the flag."""
     assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
     x = x.contiguous()
     m, n = x.shape[0], blocks.shape[0]
@@ -79,7 +83,8 @@ def gguf_matmul(
                  for s in range(0, n, _GEMM_CHUNK_ROWS)]  # fmt: skip
         return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).float()
     y = torch.empty(m, n, dtype=torch.float32)
-    _k().matmul(qtype, blocks.data_ptr(), n, in_features, x.data_ptr(), m, y.data_ptr(), torch.get_num_threads())
+    _k().matmul(qtype, blocks.data_ptr(), n, in_features, x.data_ptr(), m, y.data_ptr(), torch.get_num_threads(),
+                int(gemm_bf16))  # fmt: skip
     return y
 
 
@@ -106,18 +111,31 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return xq, xd.contiguous()
 
 
-def q8_0_matmul_int8(x: torch.Tensor, blocks: torch.Tensor, in_features: int) -> torch.Tensor:
-    """x: [M, in] float32 -> [M, out] float32: ``x @ W.T`` for Q8_0 ``blocks`` with x rounded
-    to 8 bits per block of 32 (``quantize_activations``) and each block's dot product taken in
+def q8_0_matmul_int8(
+    x: torch.Tensor, blocks: torch.Tensor, in_features: int, qtype: int = QTYPES["Q8_0"]
+) -> torch.Tensor:
+    """x: [M, in] float32 -> [M, out] float32: ``x @ W.T`` for Q8_0 ``blocks`` (``qtype`` Q8_0, or
+    ``Q8_0X16``: the same weights in groups of 16 rows, ``repack_q8_0x16``) with x rounded to 8
+    bits per block of 32 (``quantize_activations``) and each block's dot product taken in
     integers (AVX-512 VNNI where the CPU has it). Row r of the result depends on row r of x
-    only, whatever M is and whichever copy of the kernel runs."""
+    only, whatever M is, whichever copy of the kernel runs and in either layout."""
     assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
     xq, xd = quantize_activations(x.contiguous())
     m, n = x.shape[0], blocks.shape[0]
     y = torch.empty(m, n, dtype=torch.float32)
-    _k().matmul_q8_0_i8(blocks.data_ptr(), n, in_features, xq.data_ptr(), xd.data_ptr(), m, y.data_ptr(),
-                        torch.get_num_threads())  # fmt: skip
+    entry = _k().matmul_q8_0x16_i8 if qtype == Q8_0X16 else _k().matmul_q8_0_i8
+    entry(blocks.data_ptr(), n, in_features, xq.data_ptr(), xd.data_ptr(), m, y.data_ptr(), torch.get_num_threads())
     return y
+
+
+def repack_q8_0x16(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
+    """Q8_0 blocks [rows, row_bytes] (rows a multiple of 16) -> the same weights in groups of 16
+    rows (``Q8_0X16``, same shape and size): the int8 matmul loads a block's weights once for
+    every row of x (see "Q8_0 in groups of 16 rows" in _ggufmm.c)."""
+    assert blocks.is_contiguous() and blocks.dtype == torch.uint8, "blocks must be contiguous uint8"
+    out = torch.empty_like(blocks)
+    _k().repack_q8_0x16(blocks.data_ptr(), blocks.shape[0], in_features, out.data_ptr())
+    return out
 
 
 def dequantize_rows(
@@ -132,7 +150,11 @@ def dequantize_rows(
     count = blocks.shape[0] if rows is None else rows.numel()
     out = torch.empty(count, in_features, dtype=torch.float32)
     rows_ptr = 0 if rows is None else rows.data_ptr()
-    _k().dequantize(qtype, blocks.data_ptr(), in_features, rows_ptr, count, out.data_ptr(), torch.get_num_threads())
+    threads = torch.get_num_threads()
+    if qtype == Q8_0X16:
+        _k().dequantize_q8_0x16(blocks.data_ptr(), in_features, rows_ptr, count, out.data_ptr(), threads)
+    else:
+        _k().dequantize(qtype, blocks.data_ptr(), in_features, rows_ptr, count, out.data_ptr(), threads)
     return out
 
 
@@ -158,12 +180,19 @@ class GGUFLinear(nn.Module):
         self.in_features = in_features
         self.out_features = blocks.shape[0]
         self.int8_activations = False  # set_int8_activations()
-        self.gemm_bf16 = False  # prefill-sized calls in bfloat16 (gguf_matmul)
+        self.gemm_bf16 = False  # calls of more than 6 rows in bfloat16 (gguf_matmul)
 
     def set_int8_activations(self, on: bool = True) -> None:
-        """Multiply with 8-bit activations (``q8_0_matmul_int8``); Q8_0 weights only."""
-        if on and self.qtype != QTYPES["Q8_0"]:
+        """Multiply with 8-bit activations (``q8_0_matmul_int8``); Q8_0 weights only. With 16k
+        rows, the weight is regrouped by 16 rows on the way (``repack_q8_0x16``), which only
+        the int8 matmul reads: once on, it stays on."""
+        if on and self.qtype not in (QTYPES["Q8_0"], Q8_0X16):
             raise ValueError(f"8-bit activations need Q8_0 weights, this one is {self.extra_repr()}")
+        if not on and self.qtype == Q8_0X16:
+            raise ValueError("8-bit activations stay on once the weight is regrouped for them")
+        if on and self.qtype == QTYPES["Q8_0"] and self.out_features % 16 == 0:
+            self.blocks = repack_q8_0x16(self.blocks, self.in_features)
+            self.qtype = Q8_0X16
         self.int8_activations = on
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -171,7 +200,7 @@ class GGUFLinear(nn.Module):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).float()
         if self.int8_activations:
-            y = q8_0_matmul_int8(x2, self.blocks, self.in_features)
+            y = q8_0_matmul_int8(x2, self.blocks, self.in_features, self.qtype)
         else:
             y = gguf_matmul(x2, self.blocks, self.qtype, self.in_features, self.gemm_bf16)
         if self.bias is not None:
@@ -179,7 +208,8 @@ class GGUFLinear(nn.Module):
         return y.view(*lead, self.out_features)
 
     def extra_repr(self) -> str:
-        name = qtype_name(self.gguf_qtype) + (" (repacked)" if self.qtype != self.gguf_qtype else "")
+        layout = {Q8_0X16: " (in groups of 16 rows)"}.get(self.qtype, " (repacked)")
+        name = qtype_name(self.gguf_qtype) + (layout if self.qtype != self.gguf_qtype else "")
         return f"in_features={self.in_features}, out_features={self.out_features}, qtype={name}"
 
 

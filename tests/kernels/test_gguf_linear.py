@@ -320,17 +320,39 @@ def test_prefill_matmul_in_bfloat16(qname: str) -> None:
     """``gemm_bf16``: x and W rounded to bfloat16, the products summed in float32 and the
     result rounded to bfloat16 (torch's CPU bfloat16 matmul): within one bfloat16 step of the
     float64 product of the rounded operands (gguf-py's weights), and exactly the float32 kernel
-    below GEMM_MIN_ROWS rows (decode)."""
+    up to 6 rows (decode of a few streams)."""
     in_features = 512
-    blocks = _random_blocks(qname, 40, in_features, seed=11)
-    ref = _reference(blocks, qname).astype(np.float64)
+    raw = _random_blocks(qname, 40, in_features, seed=11)
+    blocks, qtype = _as_run(raw, qname, in_features, "repacked")
+    ref = _reference(raw, qname).astype(np.float64)
     x = torch.randn(gl.GEMM_MIN_ROWS + 3, in_features, generator=torch.Generator().manual_seed(11))
-    y = gl.gguf_matmul(x, blocks, gl.QTYPES[qname], in_features, gemm_bf16=True).double().numpy()
+    y = gl.gguf_matmul(x, blocks, qtype, in_features, gemm_bf16=True).double().numpy()
     xb = x.to(torch.bfloat16).double().numpy()
     wb = torch.from_numpy(ref).to(torch.bfloat16).double().numpy()
     want = xb @ wb.T
     np.testing.assert_allclose(y, want, rtol=2.0**-7, atol=1e-4 * np.abs(want).max())
     assert not np.allclose(y, x.double().numpy() @ ref.T, rtol=1e-6, atol=0)  # it did round
-    few = x[: gl.GEMM_MIN_ROWS - 1]
-    assert torch.equal(gl.gguf_matmul(few, blocks, gl.QTYPES[qname], in_features, gemm_bf16=True),
-                       gl.gguf_matmul(few, blocks, gl.QTYPES[qname], in_features))  # fmt: skip
+    few = x[:6]
+    assert torch.equal(gl.gguf_matmul(few, blocks, qtype, in_features, gemm_bf16=True),
+                       gl.gguf_matmul(few, blocks, qtype, in_features))  # fmt: skip
+
+
+@pytest.mark.skipif(gl.kernel() is None or not gl.kernel().has_bf16(), reason="the CPU has no AVX-512 BF16")
+@pytest.mark.parametrize("m", [7, 16, gl.GEMM_MIN_ROWS - 1])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("qname", list(REAL))
+def test_batched_decode_matmul_in_bfloat16_tiles(qname: str, layout: str, m: int) -> None:
+    """7 to 31 rows with ``gemm_bf16``: the kernel's bfloat16 tiles. Independent reference:
+    torch rounds x and gguf-py's weights to bfloat16, float64 multiplies them; the tiles sum in
+    float32, so they agree to float32 rounding of the sum (not bfloat16's), and the result
+    differs from the float32 kernel's (it did round). 37 output rows: a tail of one weight row."""
+    in_features = 768 if qname in ("Q4_K", "Q6_K") else 640
+    raw = _random_blocks(qname, 37, in_features, seed=13)
+    blocks, qtype = _as_run(raw, qname, in_features, layout)
+    ref = torch.from_numpy(_reference(raw, qname)).double()
+    x = torch.randn(m, in_features, generator=torch.Generator().manual_seed(m))
+    got = gl.gguf_matmul(x, blocks, qtype, in_features, gemm_bf16=True).double()
+    xb, wb = x.to(torch.bfloat16).double(), ref.to(torch.bfloat16).double()
+    bound = (xb.abs() @ wb.abs().t()) * 1e-6
+    assert ((got - xb @ wb.t()).abs() <= bound + 1e-30).all(), (got - xb @ wb.t()).abs().max().item()
+    assert not torch.equal(got.float(), gl.gguf_matmul(x, blocks, qtype, in_features))

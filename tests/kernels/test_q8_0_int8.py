@@ -85,3 +85,54 @@ def test_threads_do_not_change_the_result() -> None:
 def test_bad_row_length() -> None:
     with pytest.raises(ValueError, match="multiple of 32"):
         gl._k().matmul_q8_0_i8(0, 1, 33, 0, 0, 1, 0, 1)
+
+
+@pytest.mark.parametrize("m", [1, 3, 8, 9, 16, 17, 40])
+def test_groups_of_16_rows_give_the_same_bits(m: int) -> None:
+    """The head's regrouped layout (Q8_0X16) against the row layout: the same bits for every
+    count of rows (the tiles take 8 rows of x at a time, so 9 and 17 have tails), from the
+    VNNI and the portable copy, and within float32 rounding of the float64 reference."""
+    k = gl.kernel()
+    assert k is not None
+    blocks = _random_blocks("Q8_0", 96, K, seed=20 + m)
+    grouped = gl.repack_q8_0x16(blocks, K)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m))
+    rows = gl.q8_0_matmul_int8(x, blocks, K)
+    got = gl.q8_0_matmul_int8(x, grouped, K, gl.Q8_0X16)
+    assert torch.equal(got, rows)
+    want = _expected(x, _reference(blocks, "Q8_0"))
+    np.testing.assert_allclose(got.double().numpy(), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    best = k.isa()
+    try:
+        k.set_isa("baseline")
+        assert torch.equal(gl.q8_0_matmul_int8(x, grouped, K, gl.Q8_0X16), rows)
+    finally:
+        k.set_isa(best)
+
+
+def test_grouped_head_dequantizes_and_looks_up_rows_exactly() -> None:
+    """GGUFEmbedding on a head switched to 8-bit activations: the weight is regrouped, and
+    lookups (the embedding) and full dequantization still give gguf-py's weights bit for bit."""
+    blocks = _random_blocks("Q8_0", 64, K, seed=31)
+    ref = _reference(blocks, "Q8_0")
+    emb = gl.GGUFEmbedding(blocks, gl.QTYPES["Q8_0"], K)
+    emb.head.set_int8_activations()
+    assert emb.head.qtype == gl.Q8_0X16 and "groups of 16" in repr(emb.head)
+    ids = torch.tensor([[0, 17], [63, 16]])
+    assert np.array_equal(emb(ids).numpy(), ref[ids.numpy()])
+    assert np.array_equal(gl.dequantize_rows(emb.head.blocks, gl.Q8_0X16, K).numpy(), ref)
+    x = torch.randn(5, K, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(emb.logits(x), gl.q8_0_matmul_int8(x, blocks, K))
+    with pytest.raises(ValueError, match="stay on"):
+        emb.head.set_int8_activations(False)
+
+
+def test_a_head_of_rows_not_a_multiple_of_16_keeps_the_row_layout() -> None:
+    blocks = _random_blocks("Q8_0", 37, K, seed=3)
+    lin = gl.GGUFLinear(blocks, gl.QTYPES["Q8_0"], K)
+    lin.set_int8_activations()
+    assert lin.qtype == gl.QTYPES["Q8_0"] and lin.int8_activations
+    x = torch.randn(2, K, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(lin(x), gl.q8_0_matmul_int8(x, blocks, K))
+    with pytest.raises(ValueError, match="multiple of 16"):
+        gl._k().repack_q8_0x16(blocks.data_ptr(), 37, K, blocks.data_ptr())
