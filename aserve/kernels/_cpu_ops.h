@@ -86,6 +86,50 @@ OPS_CLONES static void ops_rotary(const float *x, float *y, const float *cs, con
         }
 }
 
+/* e^x for 16 floats: x = n ln2 + r (|r| <= ln2 / 2, n rounded to nearest), e^r from Cephes'
+ * expf polynomial, 2^n put in the exponent. Relative error ~1e-7; x clamped to [-87, 88], where
+ * the result stays a normal float (e^-87 ~ 1.6e-38) or finite. */
+typedef int32_t ops_i16 __attribute__((vector_size(64)));
+static inline __attribute__((always_inline)) ops_v16 ops_select(ops_i16 m, ops_v16 a, ops_v16 b) {
+    return (ops_v16)((m & (ops_i16)a) | (~m & (ops_i16)b)); /* a where m, else b */
+}
+static inline __attribute__((always_inline)) ops_v16 ops_exp(ops_v16 x) {
+    const ops_v16 lo = (ops_v16){0} - 87.0f, hi = (ops_v16){0} + 88.0f;
+    x = ops_select(x < lo, lo, ops_select(x > hi, hi, x));
+    const ops_v16 magic = (ops_v16){0} + 12582912.0f; /* 1.5 * 2^23: adding it rounds to an integer */
+    const ops_v16 n = (x * 1.44269504088896341f + magic) - magic;
+    const ops_v16 r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
+    ops_v16 p = (ops_v16){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const ops_i16 e = (__builtin_convertvector(n, ops_i16) + 127) << 23;
+    return p * (ops_v16)e;
+}
+
+/* y = act(g) * u over n floats (n a multiple of 16): act 1 GELU with the tanh approximation,
+ * 0.5 g (1 + tanh z) with z = sqrt(2 / pi) (g + 0.044715 g^3), taken as g / (1 + e^-2z) (the
+ * same function, without 1 + tanh's cancellation where tanh z is near -1), else SiLU
+ * (g / (1 + e^-g)). Agrees with torch's to float32 rounding. */
+OPS_CLONES static void ops_gated(const float *g, const float *u, float *y, int64_t n, int act) {
+    for (int64_t i = 0; i < n; i += 16) {
+        ops_v16 gv, uv, a;
+        memcpy(&gv, g + i, 64);
+        memcpy(&uv, u + i, 64);
+        if (act == 1) {
+            const ops_v16 z = 0.7978845608028654f * (gv + 0.044715f * gv * gv * gv);
+            a = gv / (1.0f + ops_exp(-2.0f * z));
+        } else {
+            a = gv / (1.0f + ops_exp(-gv));
+        }
+        const ops_v16 out = a * uv;
+        memcpy(y + i, &out, 64);
+    }
+}
+
 /* Attention of each new token over its sequence's cached keys (its own K/V already written).
  * Token i of sequence b sits at position pos[i] and sees keys lo .. pos[i] of that sequence
  * (slots table[row_b, j]); lo = pos[i] - window + 1 with a sliding window, else 0. Scores in

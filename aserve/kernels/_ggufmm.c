@@ -514,9 +514,49 @@ static int check_shape(int qtype, int64_t k, int64_t *block, int64_t *bytes, deq
     return 0;
 }
 
-/* matmul(qtype, w_ptr, n, k, x_ptr, m, y_ptr, threads[, bf16]): y[m, n] = x[m, k] @ W[n, k]^T.
- * bf16 (default 0): a call of more than GEMV_MAX_ROWS rows multiplies in bfloat16 where the CPU
+/* y[m, n] = x[m, k] @ W[n, k]^T for a checked (qtype, k); -1 if out of memory. Runs without
+ * the GIL. bf16: a call of more than GEMV_MAX_ROWS rows multiplies in bfloat16 where the CPU
  * has AVX-512 BF16 ("bfloat16 tiles" above); elsewhere, and for fewer rows, it is ignored. */
+static int matmul_run(int qtype, const uint8_t *w, int64_t n, int64_t k, const float *x, int64_t m, float *y,
+                      int threads, int bf16) {
+    int64_t block, bytes;
+    deq_fn fn;
+    if (type_info(qtype, &block, &bytes, &fn) != 0) return -2;
+    struct job j = {0};
+    j.fn = fn;
+    j.dot = isas[cur_isa].dot;
+    if (m <= GEMV_MAX_ROWS && use_gemv)
+        j.gemv = qtype == T_Q5_0R   ? isas[cur_isa].q5_0r_gemv
+                 : qtype == T_Q4_KR ? isas[cur_isa].q4_kr_gemv
+                 : qtype == T_Q6_KR ? isas[cur_isa].q6_kr_gemv
+                                    : NULL;
+    j.w = w;
+    j.row_bytes = k / block * bytes;
+    j.k = k;
+    j.n = n;
+    j.x = x;
+    j.m = m;
+    j.y = y;
+    /* Chunks of a multiple of 16 rows: a chunk's slice of y is whole cache lines per row of x. */
+    j.chunk_rows = chunk_rows_for(n, 16, threads);
+    uint16_t *xb = NULL;
+#ifdef HAVE_X86_COPIES
+    if (bf16 && m > GEMV_MAX_ROWS && has_bf16 && cur_isa == 0) {
+        xb = (uint16_t *)aligned_alloc(64, (size_t)((m * k * 2 + 63) / 64 * 64));
+        if (xb == NULL) return -1;
+        to_bf16(x, m * k, xb);
+        j.xb = xb;
+    }
+#else
+    (void)bf16;
+#endif
+    const int rc = run_job(&j, (n + j.chunk_rows - 1) / j.chunk_rows, threads);
+    free(xb);
+    return rc;
+}
+
+/* matmul(qtype, w_ptr, n, k, x_ptr, m, y_ptr, threads[, bf16]): y[m, n] = x[m, k] @ W[n, k]^T
+ * (matmul_run). */
 static PyObject *py_matmul(PyObject *self, PyObject *args) {
     int qtype, threads, bf16 = 0;
     unsigned long long wp, xp, yp;
@@ -526,38 +566,10 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     int64_t block, bytes;
     deq_fn fn;
     if (check_shape(qtype, k, &block, &bytes, &fn) != 0) return NULL;
-    struct job j = {0};
-    j.fn = fn;
-    j.dot = isas[cur_isa].dot;
-    if (m <= GEMV_MAX_ROWS && use_gemv)
-        j.gemv = qtype == T_Q5_0R   ? isas[cur_isa].q5_0r_gemv
-                 : qtype == T_Q4_KR ? isas[cur_isa].q4_kr_gemv
-                 : qtype == T_Q6_KR ? isas[cur_isa].q6_kr_gemv
-                                    : NULL;
-    j.w = (const uint8_t *)(uintptr_t)wp;
-    j.row_bytes = k / block * bytes;
-    j.k = k;
-    j.n = n;
-    j.x = (const float *)(uintptr_t)xp;
-    j.m = m;
-    j.y = (float *)(uintptr_t)yp;
-    /* Chunks of a multiple of 16 rows: a chunk's slice of y is whole cache lines per row of x. */
-    j.chunk_rows = chunk_rows_for(n, 16, threads);
-    uint16_t *xb = NULL;
-    int rc = 0;
+    int rc;
     Py_BEGIN_ALLOW_THREADS
-#ifdef HAVE_X86_COPIES
-    if (bf16 && m > GEMV_MAX_ROWS && has_bf16 && cur_isa == 0) {
-        xb = (uint16_t *)aligned_alloc(64, (size_t)((m * k * 2 + 63) / 64 * 64));
-        if (xb == NULL) rc = -1;
-        else {
-            to_bf16(j.x, m * k, xb);
-            j.xb = xb;
-        }
-    }
-#endif
-    if (rc == 0) rc = run_job(&j, (n + j.chunk_rows - 1) / j.chunk_rows, threads);
-    free(xb);
+    rc = matmul_run(qtype, (const uint8_t *)(uintptr_t)wp, n, k, (const float *)(uintptr_t)xp, m,
+                    (float *)(uintptr_t)yp, threads, bf16);
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
@@ -944,6 +956,17 @@ static PyObject *py_add_rmsnorm(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* gated(g, u, y, n, act): y = act(g) * u, act 1 GELU (tanh), 0 SiLU; n a multiple of 16 */
+static PyObject *py_gated(PyObject *self, PyObject *args) {
+    unsigned long long gp, up, yp;
+    long long n;
+    int act;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KKKLi", &gp, &up, &yp, &n, &act)) return NULL;
+    if (n % 16 != 0) return PyErr_Format(PyExc_ValueError, "gated: %lld floats, want a multiple of 16", n);
+    ops_gated(PTR(gp), PTR(up), PTR(yp), n, act);
+    Py_RETURN_NONE;
+}
 /* rotary(x, y, cos, sin, t, heads, d) */
 static PyObject *py_rotary(PyObject *self, PyObject *args) {
     unsigned long long xp, yp, cp, sp;
@@ -975,6 +998,27 @@ static void attend_rows(const struct job *j, int64_t start, int64_t end) {
     for (int64_t i = start; i < end; i++) ops_attend_token(a, i, a->scores + i * a->scores_stride);
 }
 
+/* Attention of t new tokens (ops_attend_token) on the pool; -1 if out of memory. No GIL. */
+static int attend_run(const float *q, const float *kc, const float *vc, const int64_t *table, int64_t stride,
+                      const int64_t *rows, const int64_t *pos, int64_t t, int64_t heads, int64_t kv_heads, int64_t d,
+                      int64_t window, float scale, float softcap, float *out, int threads) {
+    int64_t most = 1; /* scores per query head: the longest key run of any token */
+    for (int64_t i = 0; i < t; i++) most = pos[i] + 1 > most ? pos[i] + 1 : most;
+    const int64_t per_token = most * (heads / kv_heads);
+    float *scores = malloc((size_t)(t > 0 ? t * per_token : 1) * sizeof(float));
+    if (scores == NULL) return -1;
+    const struct attn_args a = {q, kc, vc, table, stride, rows, pos, heads, kv_heads, d, window, scale, softcap,
+                                out, scores, per_token};
+    struct job j = {0};
+    j.rowfn = attend_rows;
+    j.ctx = &a;
+    j.n = t;
+    j.chunk_rows = 1;
+    const int rc = run_job(&j, t, t > 1 ? threads : 1);
+    free(scores);
+    return rc;
+}
+
 /* attend(q, k_cache, v_cache, table, table_stride, seq_row, pos, t, heads, kv_heads, d, window,
  *        scale, softcap, out, threads): see ops_attend_token */
 static PyObject *py_attend(PyObject *self, PyObject *args) {
@@ -990,27 +1034,122 @@ static PyObject *py_attend(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "attend: %lld query heads over %lld KV heads", heads, kv_heads);
         return NULL;
     }
-    const int64_t *pos = (const int64_t *)(uintptr_t)pp;
-    int64_t most = 1; /* scores per query head: the longest key run of any token */
-    for (int64_t i = 0; i < t; i++) most = pos[i] + 1 > most ? pos[i] + 1 : most;
-    const int64_t per_token = most * (heads / kv_heads);
-    float *scores = malloc((size_t)(t > 0 ? t * per_token : 1) * sizeof(float));
-    if (scores == NULL) return PyErr_NoMemory();
-    const struct attn_args a = {PTR(qp), PTR(kp), PTR(vp), (const int64_t *)(uintptr_t)tp, stride,
-                                (const int64_t *)(uintptr_t)rp, pos, heads, kv_heads, d, window, scale, softcap,
-                                PTR(op), scores, per_token};
-    struct job j = {0};
-    j.rowfn = attend_rows;
-    j.ctx = &a;
-    j.n = t;
-    j.chunk_rows = 1;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = run_job(&j, t, t > 1 ? threads : 1);
+    rc = attend_run(PTR(qp), PTR(kp), PTR(vp), (const int64_t *)(uintptr_t)tp, stride, (const int64_t *)(uintptr_t)rp,
+                    (const int64_t *)(uintptr_t)pp, t, heads, kv_heads, d, window, scale, softcap, PTR(op), threads);
     Py_END_ALLOW_THREADS
-    free(scores);
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
+}
+/* ---- A decoder stack's step in one call --------------------------------------------------
+ *
+ * A decode step of the default model is 18 layers of ~15 calls each (matmuls, norms, rotary,
+ * attention), each a few microseconds of Python and torch dispatch around a few microseconds
+ * of work: ~4 ms of a ~16 ms step at one stream. decoder_layers runs the same calls, in the
+ * same order on the same buffers' values, from C: the result is the Python path's bit for bit
+ * (tests/kernels/test_cpu_layers.py). cpu_ops.decoder_stack builds the plan (one record per
+ * layer, all 8-byte fields, packed by Python) and decides when a step may take this path. */
+struct lin_rec {
+    int64_t qtype, w, bias, n, k, bf16; /* a GGUF projection: blocks, bias (0: none), rows, row length */
+};
+struct layer_rec {
+    struct lin_rec q, k, v, o, gate, up, down;
+    /* RMSNorm weights (0: none): q / k per head; the attention output's (Gemma's sandwich);
+     * the MLP input's; the MLP output's (sandwich); the next layer's input (or the final) norm */
+    int64_t q_norm, k_norm, attn_out_norm, mlp_in_norm, mlp_out_norm, next_norm;
+    int64_t k_cache, v_cache, heads, kv_heads, d, window, gemma, act;
+    double eps, qk_eps, scale, softcap;
+};
+
+/* y[m, n] = x @ W^T (+ bias) for a plan's projection; -1 if out of memory. */
+static int lin_run(const struct lin_rec *L, const float *x, int64_t m, float *y, int threads) {
+    const int rc = matmul_run((int)L->qtype, (const uint8_t *)(uintptr_t)L->w, L->n, L->k, x, m, y, threads, (int)L->bf16);
+    if (rc == 0 && L->bias != 0) {
+        const float *b = (const float *)(uintptr_t)L->bias;
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t i = 0; i < L->n; i++) y[r * L->n + i] += b[i];
+    }
+    return rc;
+}
+
+/* The layers of plan Ls on t tokens: h [t, hidden] the residual stream, x = the first layer's
+ * input norm of h. On return h is the last layer's residual stream and x its final norm.
+ * rope: per layer, the cos and sin [t, d] pointers; loc, table, rows, pos as attend / store_kv. */
+static int decoder_run(const struct layer_rec *Ls, int64_t nl, float *h, float *x, int64_t t, int64_t hidden,
+                       const int64_t *rope, const int64_t *loc, const int64_t *table, int64_t stride,
+                       const int64_t *rows, const int64_t *pos, int threads) {
+    int64_t qn = 0, kvn = 0, inter = 0;
+    for (int64_t l = 0; l < nl; l++) {
+        const struct layer_rec *L = &Ls[l];
+        qn = L->heads * L->d > qn ? L->heads * L->d : qn;
+        kvn = L->kv_heads * L->d > kvn ? L->kv_heads * L->d : kvn;
+        inter = L->gate.n > inter ? L->gate.n : inter;
+    }
+    float *buf = malloc((size_t)(t * (2 * qn + 2 * kvn + 3 * hidden + 2 * inter)) * sizeof(float));
+    if (buf == NULL) return -1;
+    float *q = buf, *kk = q + t * qn, *vv = kk + t * kvn, *att = vv + t * kvn, *o = att + t * qn;
+    float *h2 = o + t * hidden, *g = h2 + t * hidden, *u = g + t * inter, *dn = u + t * inter;
+    int rc = 0;
+    for (int64_t l = 0; l < nl && rc == 0; l++) {
+        const struct layer_rec *L = &Ls[l];
+        const int64_t kvr = L->kv_heads * L->d;
+        float *kc = (float *)(uintptr_t)L->k_cache, *vc = (float *)(uintptr_t)L->v_cache;
+        const float *cs = (const float *)(uintptr_t)rope[2 * l], *sn = (const float *)(uintptr_t)rope[2 * l + 1];
+        const float eps = (float)L->eps;
+        if ((rc = lin_run(&L->q, x, t, q, threads)) != 0 || (rc = lin_run(&L->k, x, t, kk, threads)) != 0 ||
+            (rc = lin_run(&L->v, x, t, vv, threads)) != 0)
+            break;
+        if (L->q_norm) ops_rmsnorm(q, PTR(L->q_norm), q, t * L->heads, L->d, (float)L->qk_eps, 1);
+        if (L->k_norm) ops_rmsnorm(kk, PTR(L->k_norm), kk, t * L->kv_heads, L->d, (float)L->qk_eps, 1);
+        ops_rotary(q, q, cs, sn, t, L->heads, L->d);
+        ops_rotary(kk, kk, cs, sn, t, L->kv_heads, L->d);
+        for (int64_t i = 0; i < t; i++) {
+            memcpy(kc + loc[i] * kvr, kk + i * kvr, (size_t)kvr * sizeof(float));
+            memcpy(vc + loc[i] * kvr, vv + i * kvr, (size_t)kvr * sizeof(float));
+        }
+        if ((rc = attend_run(q, kc, vc, table, stride, rows, pos, t, L->heads, L->kv_heads, L->d, L->window,
+                             (float)L->scale, (float)L->softcap, att, threads)) != 0 ||
+            (rc = lin_run(&L->o, att, t, o, threads)) != 0)
+            break;
+        /* h2 = h + norm(o); x = mlp_in_norm(h2); then h = h2 + norm(mlp(x)); x = next_norm(h) */
+        ops_add_rmsnorm(o, h, PTR(L->mlp_in_norm), L->attn_out_norm ? PTR(L->attn_out_norm) : NULL, h2, x, t, hidden,
+                        eps, eps, (int)L->gemma);
+        if ((rc = lin_run(&L->gate, x, t, g, threads)) != 0 || (rc = lin_run(&L->up, x, t, u, threads)) != 0) break;
+        ops_gated(g, u, g, t * L->gate.n, (int)L->act);
+        if ((rc = lin_run(&L->down, g, t, dn, threads)) != 0) break;
+        ops_add_rmsnorm(dn, h2, PTR(L->next_norm), L->mlp_out_norm ? PTR(L->mlp_out_norm) : NULL, h, x, t, hidden,
+                        eps, eps, (int)L->gemma);
+    }
+    free(buf);
+    return rc;
+}
+
+/* decoder_layers(plan_ptr, nlayers, h_ptr, x_ptr, t, hidden, rope_ptr, loc_ptr, table_ptr,
+ *                table_stride, rows_ptr, pos_ptr, threads): decoder_run, h and x updated in place */
+static PyObject *py_decoder_layers(PyObject *self, PyObject *args) {
+    unsigned long long pp, hp, xp, rp, lp, tp, sp, op;
+    long long nl, t, hidden, stride;
+    int threads;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLKKLLKKKLKKi", &pp, &nl, &hp, &xp, &t, &hidden, &rp, &lp, &tp, &stride, &sp, &op,
+                          &threads))
+        return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = decoder_run((const struct layer_rec *)(uintptr_t)pp, nl, PTR(hp), PTR(xp), t, hidden,
+                     (const int64_t *)(uintptr_t)rp, (const int64_t *)(uintptr_t)lp, (const int64_t *)(uintptr_t)tp,
+                     stride, (const int64_t *)(uintptr_t)sp, (const int64_t *)(uintptr_t)op, threads);
+    Py_END_ALLOW_THREADS
+    if (rc != 0) return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* layer_record_size(): bytes of one plan record (Python packs them) */
+static PyObject *py_layer_record_size(PyObject *self, PyObject *args) {
+    (void)self;
+    (void)args;
+    return PyLong_FromSize_t(sizeof(struct layer_rec));
 }
 #undef PTR
 
@@ -1176,6 +1315,9 @@ static PyMethodDef methods[] = {
     {"has_bf16", py_has_bf16, METH_NOARGS, "whether the CPU has AVX-512 BF16"},
     {"rmsnorm", py_rmsnorm, METH_VARARGS, "RMSNorm of float32 rows (pointers)"},
     {"add_rmsnorm", py_add_rmsnorm, METH_VARARGS, "residual add (optionally of a normed x), then RMSNorm"},
+    {"decoder_layers", py_decoder_layers, METH_VARARGS, "a decoder stack's step on a packed plan (pointers)"},
+    {"layer_record_size", py_layer_record_size, METH_NOARGS, "bytes of one decoder_layers plan record"},
+    {"gated", py_gated, METH_VARARGS, "act(g) * u, GELU (tanh) or SiLU (pointers)"},
     {"rotary", py_rotary, METH_VARARGS, "NeoX rotary embedding (pointers)"},
     {"store_kv", py_store_kv, METH_VARARGS, "write K/V rows into their cache slots"},
     {"attend", py_attend, METH_VARARGS, "attention of new tokens over their cached keys"},

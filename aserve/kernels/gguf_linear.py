@@ -29,6 +29,10 @@ GEMM_MIN_ROWS = 32
 # Rows of the weight dequantized per sgemm (bounds the scratch: 16384 x 640 floats = 40 MB).
 _GEMM_CHUNK_ROWS = 16384
 
+# Bumped whenever a GGUFLinear changes how it multiplies (its flags or its blocks): plans that
+# hold its pointers and flags (cpu_ops.decoder_stack) are rebuilt when it moves.
+generation = 0
+
 _kernel: ModuleType | None = None
 _kernel_error: str | None = None
 
@@ -180,7 +184,18 @@ class GGUFLinear(nn.Module):
         self.in_features = in_features
         self.out_features = blocks.shape[0]
         self.int8_activations = False  # set_int8_activations()
-        self.gemm_bf16 = False  # calls of more than 6 rows in bfloat16 (gguf_matmul)
+        self._gemm_bf16 = False
+
+    @property
+    def gemm_bf16(self) -> bool:
+        """Calls of more than 6 rows in bfloat16 (``gguf_matmul``)."""
+        return self._gemm_bf16
+
+    @gemm_bf16.setter
+    def gemm_bf16(self, on: bool) -> None:
+        global generation
+        self._gemm_bf16 = on
+        generation += 1
 
     def set_int8_activations(self, on: bool = True) -> None:
         """Multiply with 8-bit activations (``q8_0_matmul_int8``); Q8_0 weights only. With 16k
@@ -194,6 +209,8 @@ class GGUFLinear(nn.Module):
             self.blocks = repack_q8_0x16(self.blocks, self.in_features)
             self.qtype = Q8_0X16
         self.int8_activations = on
+        global generation
+        generation += 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [..., in] -> [..., out]

@@ -6,6 +6,7 @@ Parameter names mirror Hugging Face transformers so checkpoints map one to one.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import cast
@@ -83,9 +84,68 @@ def run_decoder_layers(
     check_kv_cache(kv_cache, len(layers))
     norms = [*(cast(RMSNorm, layer.input_layernorm) for layer in layers), final_norm]
     x = norms[0](h)
+    if h.device.type == "cpu" and final_norm.fused:  # a step of GGUF blocks: all layers in one C call
+        plan = cpu_stack_plan(layers, final_norm, kv_cache)
+        if plan is not None:
+            from aserve.kernels import cpu_ops
+
+            out = cpu_ops.decoder_stack(plan, h, x, [rope(layer) for layer in layers], meta)
+            if out is not None:
+                return out
     for layer, kv, next_norm in zip(layers, kv_cache, norms[1:], strict=True):
         h, x = layer(h, x, rope(layer), meta, kv, next_norm)
     return x
+
+
+# cpu_stack_plan's plans by decoder stack: (what it was built for, the plan or None)
+_STACK_PLANS: weakref.WeakKeyDictionary[nn.ModuleList, tuple[tuple[int, ...], torch.Tensor | None]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def cpu_stack_plan(layers: nn.ModuleList, final_norm: RMSNorm, kv_cache: KVCache) -> torch.Tensor | None:
+    """The plan for running ``layers`` in one C call (``cpu_ops.decoder_stack``) with this KV
+    cache, cached on ``layers`` until the cache or a GGUF projection changes; None where a part
+    is not one that call runs (a projection not on GGUF blocks, torch's ops, another layer shape)."""
+    from aserve.kernels import cpu_ops, gguf_linear
+
+    key = (gguf_linear.generation, *(t.data_ptr() for kv in kv_cache for t in kv))
+    cached = _STACK_PLANS.get(layers)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    nexts = [*(cast(RMSNorm, layer.input_layernorm) for layer in list(layers)[1:]), final_norm]
+    records = [_stack_record(layer, nxt, kv) for layer, nxt, kv in zip(layers, nexts, kv_cache, strict=True)]
+    plan = None
+    if all(r is not None for r in records):
+        plan = cpu_ops.pack_plan([r for r in records if r is not None])
+    _STACK_PLANS[layers] = (key, plan)
+    return plan
+
+
+def _stack_record(layer: nn.Module, next_norm: RMSNorm, kv: tuple[torch.Tensor, torch.Tensor]) -> bytes | None:
+    from aserve.kernels import cpu_ops
+    from aserve.kernels.gguf_linear import GGUFLinear
+
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    if not isinstance(attn, PagedSelfAttention) or not isinstance(mlp, GatedMLP):
+        return None
+    projs = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+    if not all(isinstance(p, GGUFLinear) and p.qtype in cpu_ops.STACK_QTYPES and not p.int8_activations
+               for p in projs):  # fmt: skip
+        return None
+    attn_out, mlp_in, mlp_out = layer.norms()  # type: ignore[operator]
+    sandwich = [n for n in (attn_out, mlp_out, next_norm) if n is not None]
+    if not mlp_in.fused or any(n.gemma != mlp_in.gemma or n.eps != mlp_in.eps for n in sandwich):
+        return None
+    qk = [n for n in (attn.q_norm, attn.k_norm) if n is not None]
+    if any(not n.gemma or n.eps != qk[0].eps for n in qk) or kv[0].dtype != torch.float32:
+        return None
+    norms = [attn.q_norm, attn.k_norm, attn_out, mlp_in, mlp_out, next_norm]
+    return cpu_ops.layer_record(
+        cast(list[GGUFLinear], projs), [None if n is None else n.weight for n in norms], kv,
+        (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.sliding_window or 0), mlp_in.gemma, mlp.act,
+        (mlp_in.eps, qk[0].eps if qk else 0.0), attn.scale, attn.softcap,
+    )  # fmt: skip
 
 
 def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> torch.Tensor:
