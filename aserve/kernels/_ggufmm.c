@@ -12,7 +12,7 @@
  * result is the float32 path's up to summation order; no float32 copy of W is ever made. At a
  * few rows of x (a decode step) the AVX-512 copy skips the buffer: a block's quants become
  * float registers that meet x directly (gemv_*), read from a repacked layout of the same
- * weights (Q5_0, Q4_K and Q6_K; "Repacked layouts" below). The small ops of a forward pass (norms,
+ * weights (Q5_0, Q8_0, Q4_K and Q6_K; "Repacked layouts" below). The small ops of a forward pass (norms,
  * rotary, attention; _cpu_ops.h) live here too, to share the build and the thread pool.
  *
  * Portable C plus GCC vector extensions, compiled three times (AVX-512, AVX2+FMA, baseline;
@@ -150,20 +150,26 @@ static int type_info(int qtype, int64_t *block, int64_t *bytes, deq_fn *fn) {
  * decode step's matmul unpacks at every call (for Q5_0, two thirds of its work on this model).
  * GGUFLinear repacks them once, at load, into layouts that hold exactly the same weights:
  *
- *   Q5_0R (32 weights, 36 bytes): float d, int8 q[32] = the 5-bit quants - 16, weight order;
+ *   Q5_0R (32 weights, 36 bytes): float d, int8 q[32] = the 5-bit quants - 16, weight order
+ *         (Q8_0 repacks into it too: its half d as a float, its quants as they are);
  *   Q4_KR (256 weights, 192 bytes): float scale[8] = d * sc_g, float min[8] = dmin * m_g (the
  *         products the Q4_K kernels form), then Q4_K's 128 bytes of nibbles as they are;
  *   Q6_KR (256 weights, 320 bytes): float scale[16] = d * sc_r, int8 q[256] = the 6-bit
  *         quants - 32, weight order.
  *
- * 1.6x, 1.33x and 1.52x the bytes (the default model's layers: 67 -> 104 MB), but a block
+ * 1.6x (Q8_0: 1.06x), 1.33x and 1.52x the bytes (the default model's layers: 67 -> 104 MB), but a block
  * meets x after two widening loads and converts. Dequantized, every weight is the GGUF
  * layout's value bit for bit (tests/kernels/test_gguf_linear.py). */
 
 static void put_f32(uint8_t *p, float f) { memcpy(p, &f, 4); }
 
 static void repack_row(int qtype, const uint8_t *src, int64_t k, uint8_t *dst) {
-    if (qtype == T_Q5_0) {
+    if (qtype == T_Q8_0) {
+        for (int64_t b = 0; b < k / 32; b++, src += 34, dst += 36) {
+            put_f32(dst, half_to_float_base(rd16_base(src)));
+            memcpy(dst + 4, src + 2, 32);
+        }
+    } else if (qtype == T_Q5_0) {
         for (int64_t b = 0; b < k / 32; b++, src += 22, dst += 36) {
             uint32_t qh;
             memcpy(&qh, src + 2, 4);
@@ -203,7 +209,7 @@ static void repack_row(int qtype, const uint8_t *src, int64_t k, uint8_t *dst) {
 
 /* The repacked id of a GGML type, or 0 where it has none. */
 static int repacked_type(int qtype) {
-    return qtype == T_Q5_0 ? T_Q5_0R : qtype == T_Q4_K ? T_Q4_KR : qtype == T_Q6_K ? T_Q6_KR : 0;
+    return qtype == T_Q5_0 || qtype == T_Q8_0 ? T_Q5_0R : qtype == T_Q4_K ? T_Q4_KR : qtype == T_Q6_K ? T_Q6_KR : 0;
 }
 
 /* ---- Threads ------------------------------------------------------------------------------
@@ -614,7 +620,7 @@ static PyObject *py_repack(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "iKLLK", &qtype, &sp, &n, &k, &dp)) return NULL;
     const int to = repacked_type(qtype);
-    if (to == 0) return PyErr_Format(PyExc_ValueError, "GGML type %d has no repacked layout (Q5_0, Q4_K, Q6_K do)", qtype);
+    if (to == 0) return PyErr_Format(PyExc_ValueError, "GGML type %d has no repacked layout (Q5_0, Q8_0, Q4_K, Q6_K do)", qtype);
     int64_t block, bytes, rblock, rbytes;
     deq_fn fn;
     if (check_shape(qtype, k, &block, &bytes, &fn) != 0 || check_shape(to, k, &rblock, &rbytes, &fn) != 0) return NULL;
@@ -1306,7 +1312,7 @@ static PyMethodDef methods[] = {
     {"matmul", py_matmul, METH_VARARGS, "y[m, n] = x[m, k] @ W[n, k]^T on GGUF blocks (pointers)"},
     {"dequantize", py_dequantize, METH_VARARGS, "rows of W as float32 (pointers)"},
     {"row_bytes", py_row_bytes, METH_VARARGS, "bytes of one row of k weights of a GGML type"},
-    {"repack", py_repack, METH_VARARGS, "rows of Q5_0 / Q4_K / Q6_K blocks into their repacked layout (pointers)"},
+    {"repack", py_repack, METH_VARARGS, "rows of Q5_0 / Q8_0 / Q4_K / Q6_K blocks into their repacked layout (pointers)"},
     {"matmul_q8_0_i8", py_matmul_q8_0_i8, METH_VARARGS, "y = x @ W^T, Q8_0 W, x as int8 blocks + scales (pointers)"},
     {"repack_q8_0x16", py_repack_q8_0x16, METH_VARARGS, "Q8_0 rows into groups of 16 (the int8 head's layout)"},
     {"matmul_q8_0x16_i8", py_matmul_q8_0x16_i8, METH_VARARGS, "matmul_q8_0_i8 on a Q8_0X16 weight (pointers)"},

@@ -1,9 +1,10 @@
 """Linear layers and embeddings that run on a GGUF file's own quantized blocks (CPU).
 
 The weight stays as llama.cpp wrote it (``[rows, row_bytes]`` uint8, Q8_0 / Q5_0 / Q4_K /
-Q6_K), or for Q5_0 / Q4_K / Q6_K in a repacked layout holding the same weights bit for bit
-(int8 quants and float scales: no bit unpacking per call, 1.3-1.6x the bytes); ``_ggufmm`` (a small C extension, built with the package) multiplies float32
-activations by it without a float32 copy of the weight. Few rows (decode, the LM head):
+Q6_K; the embedding and LM head), or, for a layer's projections, in a repacked layout
+holding the same weights bit for bit (int8 quants and float scales: no bit unpacking per
+call, 1.06-1.6x the bytes); ``_ggufmm`` (a small C extension, built with the package)
+multiplies float32 activations by it without a float32 copy of the weight. Few rows (decode, the LM head):
 the kernel. Many rows (prefill): the weight is dequantized once per call into a scratch
 buffer and torch's sgemm runs, since a GEMM of hundreds of rows is compute bound and MKL
 is faster than our dot products there; the scratch lives for the call only.
@@ -21,7 +22,7 @@ from torch import nn
 QTYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 # The ids of their repacked layouts (aserve's own, see "Repacked layouts" in _ggufmm.c):
 # the same weights bit for bit, laid out so a decode step's matmul does not unpack bits.
-REPACKED = {6: 1006, 12: 1012, 14: 1014}
+REPACKED = {6: 1006, 8: 1006, 12: 1012, 14: 1014}  # Q8_0's quants fit Q5_0's repacked layout
 # Q8_0 in groups of 16 rows: the int8 head's layout (set_int8_activations), same weights.
 Q8_0X16 = 1008
 # Rows of activations from which a call dequantizes the weight and runs sgemm instead.
@@ -93,7 +94,7 @@ def gguf_matmul(
 
 
 def repack(blocks: torch.Tensor, qtype: int, in_features: int) -> tuple[torch.Tensor, int]:
-    """Q5_0 / Q4_K / Q6_K blocks [rows, row_bytes] -> (the same weights in the kernel's repacked
+    """Q5_0 / Q8_0 / Q4_K / Q6_K blocks [rows, row_bytes] -> (the same weights in the kernel's repacked
     layout [rows, row_bytes'], its id ``REPACKED[qtype]``)."""
     assert blocks.is_contiguous() and blocks.dtype == torch.uint8, "blocks must be contiguous uint8"
     to = REPACKED[qtype]
@@ -170,14 +171,16 @@ class GGUFLinear(nn.Module):
 
     blocks: torch.Tensor
 
-    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, bias: bool = False) -> None:
+    def __init__(
+        self, blocks: torch.Tensor, qtype: int, in_features: int, bias: bool = False, file_layout: bool = False
+    ) -> None:
         super().__init__()
         self.bias = nn.Parameter(torch.zeros(blocks.shape[0]), requires_grad=False) if bias else None
         expect = row_bytes(qtype, in_features)
         assert blocks.dim() == 2 and blocks.shape[1] == expect, f"blocks {tuple(blocks.shape)}, want [*, {expect}]"
         self.gguf_qtype = qtype
         blocks = blocks.contiguous()
-        if qtype in REPACKED:
+        if not file_layout and qtype in REPACKED:
             blocks, qtype = repack(blocks, qtype, in_features)
         self.register_buffer("blocks", blocks, persistent=False)
         self.qtype = qtype
@@ -240,7 +243,7 @@ class GGUFEmbedding(nn.Module):
 
     def __init__(self, blocks: torch.Tensor, qtype: int, dim: int) -> None:
         super().__init__()
-        self.head = GGUFLinear(blocks, qtype, dim)
+        self.head = GGUFLinear(blocks, qtype, dim, file_layout=True)  # Q8_0 stays: the int8 head's form
         self.num_embeddings = blocks.shape[0]
         self.embedding_dim = dim
 

@@ -129,7 +129,8 @@ def use_gguf_blocks(model: nn.Module, tensors: dict[str, torch.Tensor], qtypes: 
         blocks = tensors.pop(name)
         new: nn.Module
         if isinstance(old, nn.Linear):
-            new = GGUFLinear(blocks, qtype, old.in_features, bias=old.bias is not None)
+            # an untied head keeps the file's layout: a Q8_0 head takes the int8 path (engine.setup)
+            new = GGUFLinear(blocks, qtype, old.in_features, bias=old.bias is not None, file_layout=path == "lm_head")
         elif isinstance(old, nn.Embedding):
             new = GGUFEmbedding(blocks, qtype, old.embedding_dim)
         else:

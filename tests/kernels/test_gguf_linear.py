@@ -71,7 +71,7 @@ def _reference(blocks: torch.Tensor, qname: str) -> np.ndarray:
 
 def _as_run(blocks: torch.Tensor, qname: str, k: int, layout: str) -> tuple[torch.Tensor, int]:
     """(blocks, qtype) in ``layout``: "gguf" as the file stores them, "repacked" as GGUFLinear
-    runs them (the kernel's own layout for Q5_0 / Q4_K / Q6_K; Q8_0 has none and stays)."""
+    runs a layer's projection (the kernel's own layout for every type here)."""
     qtype = gl.QTYPES[qname]
     if layout == "repacked" and qtype in gl.REPACKED:
         return gl.repack(blocks, qtype, k)
@@ -109,14 +109,14 @@ def test_random_blocks_dequantize_exactly(qname: str, layout: str) -> None:
     assert np.array_equal(got, _reference(blocks, qname))
 
 
-@pytest.mark.parametrize("qname", ["Q5_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qname", ["Q5_0", "Q8_0", "Q4_K", "Q6_K"])
 def test_repacked_layout_sizes_and_linear(qname: str) -> None:
     """GGUFLinear runs the repacked layout, reports the file's type, and multiplies the same."""
     k = 512
     blocks = _random_blocks(qname, 19, k, seed=11)
     lin = gl.GGUFLinear(blocks, gl.QTYPES[qname], k)
     assert lin.gguf_qtype == gl.QTYPES[qname] and lin.qtype == gl.REPACKED[lin.gguf_qtype]
-    per_32 = {"Q5_0": 36, "Q4_K": 24, "Q6_K": 40}[qname]  # bytes per 32 weights, repacked
+    per_32 = {"Q5_0": 36, "Q8_0": 36, "Q4_K": 24, "Q6_K": 40}[qname]  # bytes per 32 weights, repacked
     assert lin.blocks.shape == (19, k // 32 * per_32)
     assert "repacked" in repr(lin)
     x = torch.randn(3, k, generator=torch.Generator().manual_seed(12))
@@ -131,8 +131,9 @@ def test_repack_rejects_a_type_without_a_layout() -> None:
     k = gl.kernel()
     assert k is not None
     blocks = _random_blocks("Q8_0", 2, 64, seed=1)
-    with pytest.raises(ValueError, match="no repacked layout"):
-        k.repack(gl.QTYPES["Q8_0"], blocks.data_ptr(), 2, 64, blocks.data_ptr())
+    for qtype in (2, gl.REPACKED[gl.QTYPES["Q5_0"]]):  # Q4_0 (not read at all), an already repacked id
+        with pytest.raises(ValueError, match="no repacked layout"):
+            k.repack(qtype, blocks.data_ptr(), 2, 64, 0)
 
 
 # 1 and 5 rows run the kernel (5: one tile of four plus a tail), 40 the dequantize + sgemm path.
@@ -157,7 +158,7 @@ def test_matmul_random_blocks(qname: str, layout: str, m: int) -> None:
 
 
 @pytest.mark.parametrize("m", [1, 4, 6])
-@pytest.mark.parametrize("qname", ["Q5_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("qname", ["Q5_0", "Q8_0", "Q4_K", "Q6_K"])
 def test_fused_and_dequantize_then_dot_agree(qname: str, m: int) -> None:
     """The few-row fused copies (repacked layouts) against the dequantize-then-dot path on the
     same machine: equal to float32 rounding, and, on AVX-512, not the same bits (the fused

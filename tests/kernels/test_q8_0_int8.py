@@ -129,7 +129,7 @@ def test_grouped_head_dequantizes_and_looks_up_rows_exactly() -> None:
 
 def test_a_head_of_rows_not_a_multiple_of_16_keeps_the_row_layout() -> None:
     blocks = _random_blocks("Q8_0", 37, K, seed=3)
-    lin = gl.GGUFLinear(blocks, gl.QTYPES["Q8_0"], K)
+    lin = gl.GGUFLinear(blocks, gl.QTYPES["Q8_0"], K, file_layout=True)  # as an untied head
     lin.set_int8_activations()
     assert lin.qtype == gl.QTYPES["Q8_0"] and lin.int8_activations
     x = torch.randn(2, K, generator=torch.Generator().manual_seed(2))
