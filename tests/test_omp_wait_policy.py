@@ -87,9 +87,9 @@ def test_the_llama_cpp_peer_never_imports_aserve() -> None:
     from aserve.models.loader import resolve_model_path
 
     work = json.dumps({"prompt": "Hello", "long_prompts": [[2, 1000, 1001]]})
-    r = subprocess.run([sys.executable, str(peer), str(resolve_model_path("gemma-3-270m")), "1", "3"], input=work,
+    r = subprocess.run([sys.executable, str(peer), str(resolve_model_path("gemma-3-270m")), "1", "3", "2"], input=work,
                        env={**peer_env(), "OMP_DISPLAY_ENV": "VERBOSE"}, capture_output=True, text=True, timeout=300,
                        check=True)  # fmt: skip
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    assert out["decode_s"] > 0 and len(out["ttft_s"]) == 1
+    assert len(out["decode_s"]) == 2 and min(out["decode_s"]) > 0 and len(out["ttft_s"]) == 1
     assert "GOMP_SPINCOUNT = '300000'" in r.stderr  # llama.cpp's libgomp took its own default

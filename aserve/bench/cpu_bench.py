@@ -2,7 +2,8 @@
 
     python -m aserve.bench.cpu_bench --threads 1 2 --out docs/results/cpu.json
 
-For each thread count: single-stream decode tok/s, the aggregate output tok/s of 16 concurrent
+For each thread count: single-stream decode tok/s (the median of 3 runs after a warm-up run, for
+every engine alike), the aggregate output tok/s of 16 concurrent
 streams (greedy, ignore_eos, 64 new tokens each, the same prompts everywhere) and the time to
 first token of a 512-token prompt. Engines:
 * ``aserve gguf``: the GGUF's own blocks on aserve's CPU kernel (``dtype="gguf"``);
@@ -25,6 +26,7 @@ import importlib.util
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -49,6 +51,7 @@ PROMPTS = [
 ]
 NEW = 64
 LONG_PROMPT = 512
+SINGLE_RUNS = 3  # single-stream decodes measured per engine (after a warm-up one); the median counts
 
 
 def long_prompt_ids(seed: int) -> list[int]:
@@ -62,9 +65,11 @@ async def _aserve(dtype: str, threads: int, exact: bool = False) -> dict[str, An
     params = aserve.SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
     precision: dict[str, Any] = {"gguf_head": "float32", "gguf_prefill": "float32"} if exact else {}
     async with aserve.Engine(model="gemma-3-270m", dtype=dtype, num_threads=threads, **precision) as engine:
-        r = await engine.complete(PROMPTS[0], params)
-        ttft = r.metrics["ttft_s"]
-        single = (NEW - 1) / (r.metrics["e2e_s"] - ttft)
+        await engine.complete(PROMPTS[0], params)  # warm-up, as llama_peer.py's
+        singles = []
+        for _ in range(SINGLE_RUNS):
+            r = await engine.complete(PROMPTS[0], params)
+            singles.append((NEW - 1) / (r.metrics["e2e_s"] - r.metrics["ttft_s"]))
         prompts = (PROMPTS * 2)[:16]
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
@@ -78,7 +83,8 @@ async def _aserve(dtype: str, threads: int, exact: bool = False) -> dict[str, An
     return {
         "engine": f"aserve {dtype}" + (", float32 head and prefill" if exact else ""),
         "weights": weights,
-        "single_decode_tok_s": single,
+        "single_decode_tok_s": statistics.median(singles),
+        "single_decode_runs_tok_s": singles,
         "concurrent16_tok_s": 16 * NEW / wall,
         "ttft512_s": min(ttfts),
         "ttft512_runs_s": ttfts,
@@ -116,7 +122,7 @@ def _llama_cpp(threads: int) -> dict[str, Any] | None:
 
     work = {"prompt": PROMPTS[0], "long_prompts": [long_prompt_ids(s) for s in range(2)]}
     peer = Path(__file__).with_name("llama_peer.py")
-    cmd = [sys.executable, str(peer), str(resolve_model_path("gemma-3-270m")), str(threads), str(NEW)]
+    cmd = [sys.executable, str(peer), str(resolve_model_path("gemma-3-270m")), str(threads), str(NEW), str(SINGLE_RUNS)]
     done = subprocess.run(cmd, input=json.dumps(work), capture_output=True, text=True, env=peer_env(), check=False)
     if done.returncode != 0:
         raise RuntimeError(f"llama_peer.py failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -124,7 +130,8 @@ def _llama_cpp(threads: int) -> dict[str, Any] | None:
     return {
         "engine": f"llama.cpp {out['version']}",
         "weights": "the GGUF as shipped",
-        "single_decode_tok_s": (NEW - 1) / out["decode_s"],
+        "single_decode_tok_s": statistics.median((NEW - 1) / d for d in out["decode_s"]),
+        "single_decode_runs_tok_s": [(NEW - 1) / d for d in out["decode_s"]],
         "concurrent16_tok_s": None,
         "ttft512_s": min(out["ttft_s"]),
         "ttft512_runs_s": out["ttft_s"],

@@ -1,6 +1,6 @@
 """llama.cpp's half of ``cpu_bench``, in a process of its own: run by path, never imported.
 
-    python aserve/bench/llama_peer.py MODEL.gguf THREADS NEW < prompts.json
+    python aserve/bench/llama_peer.py MODEL.gguf THREADS NEW RUNS < prompts.json
 
 Importing the aserve package sets ``OMP_WAIT_POLICY=PASSIVE`` for torch's OpenMP threads,
 and llama.cpp's OpenMP runtime reads the same variable when it loads: run in the benchmark's
@@ -10,8 +10,8 @@ spin), which on a 2-core VM cost it 35-45% of its single-stream speed (docs/benc
 with the environment the user started the benchmark with.
 
 stdin: ``{"prompt": text, "long_prompts": [[ids], ...]}`` (the text tokenized by llama.cpp, BOS first); stdout, last line: one JSON object
-(seconds for the decode of NEW - 1 tokens after the prompt, and each long prompt's time to its
-first token).
+(seconds for each of RUNS decodes of NEW - 1 tokens after the prompt, after a warm-up, and each
+long prompt's time to its first token).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 
 
 def main() -> None:
-    model, threads, new = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    model, threads, new, runs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     work = json.load(sys.stdin)
     import llama_cpp
     import numpy as np
@@ -47,7 +47,7 @@ def main() -> None:
 
     prompt = llm.tokenize(work["prompt"].encode(), add_bos=True)
     greedy(prompt, 4)  # warm-up
-    _, decode = greedy(prompt, new)
+    decode = [greedy(prompt, new)[1] for _ in range(runs)]
     ttfts = [greedy(ids, 1)[0] for ids in long_prompts]
     env = {k: os.environ.get(k) for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
     print(json.dumps({"version": llama_cpp.__version__, "decode_s": decode, "ttft_s": ttfts, "env": env}))
