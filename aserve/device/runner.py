@@ -27,6 +27,7 @@ from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
+from aserve.sampling.batch import SamplingBatch
 from aserve.sampling.grammar import GrammarState, fill_masks, mask_words
 from aserve.sampling.sampler import SampleOutput, apply_masks_, prompt_logprobs, sample
 from aserve.scheduler.policy import Plan
@@ -193,6 +194,12 @@ class ModelRunner:
             backend=self.attention_backend,
         )
         with torch.inference_mode():
+            if not num_prompt_rows and _plain_greedy(dev.sbatch) and self.device.type == "cpu":
+                # Every row greedy, nothing else read from the logits: the head's argmax alone
+                # (CausalLM.greedy: on the int8 GGUF head the logits are never written).
+                tokens = self.model(input_ids, meta, self.pool.kv_cache, greedy=True)  # [B]
+                self._publish(dev, tokens)
+                return SampleOutput(tokens, None, None, None)
             logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B + E, V]
             if not num_prompt_rows:
                 return _Logits(logits, gathered, None)
@@ -377,6 +384,15 @@ def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:
     if dev.sbatch is None:
         return dataclasses.replace(dev, mask_bits=bits)
     return dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits))
+
+
+def _plain_greedy(sbatch: SamplingBatch | None) -> bool:
+    """Whether ``sample`` would return the logits' argmax and nothing else: every row greedy,
+    no logprobs, penalties, logit bias or grammar masks."""
+    return (
+        sbatch is not None and sbatch.all_greedy and sbatch.num_logprobs < 0 and not sbatch.any_penalty
+        and sbatch.bias_index is None and sbatch.mask_rows is None
+    )  # fmt: skip
 
 
 class _Logits(NamedTuple):

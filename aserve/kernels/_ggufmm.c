@@ -45,7 +45,7 @@
  * ("Repacked layouts" below; ids of our own, never in a GGUF file) */
 enum { T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14, T_Q5_0R = 1006, T_Q4_KR = 1012, T_Q6_KR = 1014 };
 /* Q8_0 in groups of 16 rows for the int8 head ("Q8_0 in groups of 16 rows" below); only
- * matmul_q8_0x16_i8 and dequantize_q8_0x16 read it. */
+ * matmul_q8_0x16_i8 and dequantize read it. */
 enum { T_Q8_0X16 = 1008 };
 
 /* Byte i of q5_high_bits[b] is bit i of b moved to bit 4 (Q5_0's fifth bit, 8 at a time). */
@@ -581,20 +581,27 @@ static PyObject *py_matmul(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+static void x16_dequant_rows(const struct job *j, int64_t start, int64_t end); /* below, with its layout */
+
 /* dequantize(qtype, w_ptr, k, rows_ptr or 0, count, out_ptr, threads): out[i, :] = W[row_i, :]
- * for row_i = rows[i] (int64) when rows_ptr is given, else row_i = i. */
+ * for row_i = rows[i] (int64) when rows_ptr is given, else row_i = i. qtype may be Q8_0X16
+ * (the int8 head's layout), whose rows are interleaved by 16. */
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     int qtype, threads;
     unsigned long long wp, rp, op;
     long long k, count;
     (void)self;
     if (!PyArg_ParseTuple(args, "iKLKLKi", &qtype, &wp, &k, &rp, &count, &op, &threads)) return NULL;
-    int64_t block, bytes;
-    deq_fn fn;
-    if (check_shape(qtype, k, &block, &bytes, &fn) != 0) return NULL;
+    int64_t block = 32, bytes = 34;
+    deq_fn fn = NULL;
+    if (qtype == T_Q8_0X16 ? check_shape(T_Q8_0, k, &block, &bytes, &fn) : check_shape(qtype, k, &block, &bytes, &fn))
+        return NULL;
     struct job j = {0};
-    j.dequant = 1;
-    j.fn = fn;
+    if (qtype == T_Q8_0X16) j.rowfn = x16_dequant_rows;
+    else {
+        j.dequant = 1;
+        j.fn = fn;
+    }
     j.w = (const uint8_t *)(uintptr_t)wp;
     j.row_bytes = k / block * bytes;
     j.k = k;
@@ -781,10 +788,40 @@ static void repack_q8_0x16(const uint8_t *src, int64_t n, int64_t k, uint8_t *ds
         }
 }
 
+/* A Q8_0X16 call's own arguments: the rows' 128 * sum(xq) per block; with argmax set, the
+ * call keeps no logits but each chunk's largest logit and its index per row of x
+ * (best / idx: [chunks, m]; the first index among equals, as torch.argmax). */
+struct x16_ctx {
+    const int32_t *xc;
+    float *best;
+    int64_t *idx;
+};
+
+/* 16 logits (weight rows 16 g .. 16 g + 15) of row r of x: stored into y, or folded into the
+ * chunk's best of that row. */
+static inline __attribute__((always_inline)) void x16_out(const struct job *j, int64_t start, int64_t g, int64_t r,
+                                                          const float *v) {
+    const struct x16_ctx *c = (const struct x16_ctx *)j->ctx;
+    if (c->best == NULL) {
+        memcpy(j->y + r * j->n + 16 * g, v, 16 * sizeof(float));
+        return;
+    }
+    const int64_t at = (start / j->chunk_rows) * j->m + r;
+    float b = c->best[at];
+    int64_t bi = c->idx[at];
+    for (int l = 0; l < 16; l++)
+        if (v[l] > b || (v[l] != v[l] && b == b)) { /* a NaN is the largest, as in torch */
+            b = v[l];
+            bi = 16 * g + l;
+        }
+    c->best[at] = b;
+    c->idx[at] = bi;
+}
+
 /* Rows start .. end (multiples of 16) of y, portable: the same sums in plain loops. */
 static void i8x16_rows_portable(const struct job *j, int64_t start, int64_t end) {
     const int64_t nb = j->k / 32;
-    const int32_t *xc = (const int32_t *)j->ctx;
+    const int32_t *xc = ((const struct x16_ctx *)j->ctx)->xc;
     for (int64_t g = start / 16; g < end / 16; g++)
         for (int64_t r = 0; r < j->m; r++) {
             float acc[16] = {0};
@@ -798,7 +835,7 @@ static void i8x16_rows_portable(const struct job *j, int64_t start, int64_t end)
                     acc[l] = fmaf((float)(s - xc[r * nb + b]), d * j->xd[r * nb + b], acc[l]);
                 }
             }
-            memcpy(j->y + r * j->n + 16 * g, acc, sizeof acc);
+            x16_out(j, start, g, r, acc);
         }
 }
 
@@ -806,10 +843,10 @@ static void i8x16_rows_portable(const struct job *j, int64_t start, int64_t end)
 #define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 /* Group g of W against rows r0 .. r0 + R - 1 of x (R a constant after inlining: the
  * accumulators stay in registers). */
-VNNI_TARGET static inline __attribute__((always_inline)) void i8x16_tile(const struct job *j, int64_t g, int64_t r0,
-                                                                          const int R) {
+VNNI_TARGET static inline __attribute__((always_inline)) void i8x16_tile(const struct job *j, int64_t start, int64_t g,
+                                                                          int64_t r0, const int R) {
     const int64_t nb = j->k / 32;
-    const int32_t *xc = (const int32_t *)j->ctx;
+    const int32_t *xc = ((const struct x16_ctx *)j->ctx)->xc;
     __m512 acc[8];
     for (int rr = 0; rr < R; rr++) acc[rr] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
@@ -833,21 +870,25 @@ VNNI_TARGET static inline __attribute__((always_inline)) void i8x16_tile(const s
             acc[rr] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), sc, acc[rr]);
         }
     }
-    for (int rr = 0; rr < R; rr++) _mm512_storeu_ps(j->y + (r0 + rr) * j->n + 16 * g, acc[rr]);
+    for (int rr = 0; rr < R; rr++) {
+        float v[16];
+        _mm512_storeu_ps(v, acc[rr]);
+        x16_out(j, start, g, r0 + rr, v);
+    }
 }
 
 VNNI_TARGET static void i8x16_rows_vnni(const struct job *j, int64_t start, int64_t end) {
     for (int64_t g = start / 16; g < end / 16; g++)
         for (int64_t r0 = 0; r0 < j->m; r0 += 8) {
             switch (j->m - r0 < 8 ? j->m - r0 : 8) {
-            case 1: i8x16_tile(j, g, r0, 1); break;
-            case 2: i8x16_tile(j, g, r0, 2); break;
-            case 3: i8x16_tile(j, g, r0, 3); break;
-            case 4: i8x16_tile(j, g, r0, 4); break;
-            case 5: i8x16_tile(j, g, r0, 5); break;
-            case 6: i8x16_tile(j, g, r0, 6); break;
-            case 7: i8x16_tile(j, g, r0, 7); break;
-            default: i8x16_tile(j, g, r0, 8); break;
+            case 1: i8x16_tile(j, start, g, r0, 1); break;
+            case 2: i8x16_tile(j, start, g, r0, 2); break;
+            case 3: i8x16_tile(j, start, g, r0, 3); break;
+            case 4: i8x16_tile(j, start, g, r0, 4); break;
+            case 5: i8x16_tile(j, start, g, r0, 5); break;
+            case 6: i8x16_tile(j, start, g, r0, 6); break;
+            case 7: i8x16_tile(j, start, g, r0, 7); break;
+            default: i8x16_tile(j, start, g, r0, 8); break;
             }
         }
 }
@@ -1173,70 +1214,78 @@ static PyObject *py_repack_q8_0x16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* matmul_q8_0x16_i8(w_ptr, n, k, xq_ptr, xd_ptr, m, y_ptr, threads): matmul_q8_0_i8 on a
- * Q8_0X16 weight (n a multiple of 16), the same bits. */
+/* matmul_q8_0x16_i8(w_ptr, n, k, xq_ptr, xd_ptr, m, y_ptr, threads[, argmax]): matmul_q8_0_i8
+ * on a Q8_0X16 weight (n a multiple of 16), the same bits. argmax: y_ptr is int64 [m], each
+ * row's argmax of the logits, which are not kept (torch.argmax's answer on them). */
 static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
-    int threads;
+    int threads, argmax = 0;
     unsigned long long wp, qp, dp, yp;
     long long n, k, m;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KLLKKLKi", &wp, &n, &k, &qp, &dp, &m, &yp, &threads)) return NULL;
-    if (k <= 0 || k % 32 != 0 || m <= 0 || n % 16 != 0)
+    if (!PyArg_ParseTuple(args, "KLLKKLKi|p", &wp, &n, &k, &qp, &dp, &m, &yp, &threads, &argmax)) return NULL;
+    if (k <= 0 || k % 32 != 0 || m <= 0 || n % 16 != 0 || n <= 0)
         return PyErr_Format(PyExc_ValueError, "matmul_q8_0x16_i8: k = %lld (a multiple of 32), m = %lld > 0, n = %lld "
-                            "(a multiple of 16)", k, m, n);
-    const int64_t nb = k / 32;
+                            "(a positive multiple of 16)", k, m, n);
+    const int64_t nb = k / 32, chunk_rows = chunk_rows_for(n, 16, threads), chunks = (n + chunk_rows - 1) / chunk_rows;
+    struct x16_ctx c = {NULL, NULL, NULL};
     int32_t *xc = malloc((size_t)(m * nb) * sizeof(int32_t));
-    if (xc == NULL) return PyErr_NoMemory();
+    if (argmax) {
+        c.best = malloc((size_t)(chunks * m) * sizeof(float));
+        c.idx = malloc((size_t)(chunks * m) * sizeof(int64_t));
+    }
+    if (xc == NULL || (argmax && (c.best == NULL || c.idx == NULL))) {
+        free(xc);
+        free(c.best);
+        free(c.idx);
+        return PyErr_NoMemory();
+    }
     const int8_t *xq = (const int8_t *)(uintptr_t)qp;
     for (int64_t i = 0; i < m * nb; i++) {
         int32_t s = 0;
         for (int e = 0; e < 32; e++) s += xq[32 * i + e];
         xc[i] = 128 * s;
     }
+    for (int64_t ch = 0; argmax && ch < chunks; ch++)
+        for (int64_t r = 0; r < m; r++) {
+            c.best[ch * m + r] = -INFINITY;
+            c.idx[ch * m + r] = ch * chunk_rows;
+        }
+    c.xc = xc;
     struct job j = {0};
     j.rowfn = i8x16_rows_portable;
 #ifdef HAVE_X86_COPIES
     if (has_vnni && cur_isa == 0) j.rowfn = i8x16_rows_vnni;
 #endif
-    j.ctx = xc;
+    j.ctx = &c;
     j.w = (const uint8_t *)(uintptr_t)wp;
     j.k = k;
     j.n = n;
     j.m = m;
-    j.y = (float *)(uintptr_t)yp;
+    j.y = argmax ? NULL : (float *)(uintptr_t)yp;
     j.xq = xq;
     j.xd = (const float *)(uintptr_t)dp;
-    j.chunk_rows = chunk_rows_for(n, 16, threads);
+    j.chunk_rows = chunk_rows;
     int rc;
     Py_BEGIN_ALLOW_THREADS
-    rc = run_job(&j, (n + j.chunk_rows - 1) / j.chunk_rows, threads);
+    rc = run_job(&j, chunks, threads);
     Py_END_ALLOW_THREADS
+    if (rc == 0 && argmax) { /* chunks in order: the first of equal maxima wins */
+        int64_t *out = (int64_t *)(uintptr_t)yp;
+        for (int64_t r = 0; r < m; r++) {
+            float b = c.best[r];
+            out[r] = c.idx[r];
+            for (int64_t ch = 1; ch < chunks; ch++) {
+                const float v = c.best[ch * m + r];
+                if (v > b || (v != v && b == b)) {
+                    b = v;
+                    out[r] = c.idx[ch * m + r];
+                }
+            }
+        }
+    }
     free(xc);
-    if (rc != 0) return PyErr_NoMemory();
-    Py_RETURN_NONE;
-}
-
-/* dequantize_q8_0x16(w_ptr, k, rows_ptr or 0, count, out_ptr, threads): as dequantize, on a
- * Q8_0X16 weight (row indices unchecked: the caller checks them). */
-static PyObject *py_dequantize_q8_0x16(PyObject *self, PyObject *args) {
-    int threads;
-    unsigned long long wp, rp, op;
-    long long k, count;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "KLKLKi", &wp, &k, &rp, &count, &op, &threads)) return NULL;
-    if (k <= 0 || k % 32 != 0) return PyErr_Format(PyExc_ValueError, "dequantize_q8_0x16: k = %lld", k);
-    struct job j = {0};
-    j.rowfn = x16_dequant_rows;
-    j.w = (const uint8_t *)(uintptr_t)wp;
-    j.k = k;
-    j.n = count;
-    j.rows = (const int64_t *)(uintptr_t)rp;
-    j.y = (float *)(uintptr_t)op;
-    j.chunk_rows = chunk_rows_for(count, 16, threads);
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = run_job(&j, count == 0 ? 0 : (count + j.chunk_rows - 1) / j.chunk_rows, count > 8 ? threads : 1);
-    Py_END_ALLOW_THREADS
+    free(c.best);
+    free(c.idx);
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;
 }
@@ -1316,7 +1365,6 @@ static PyMethodDef methods[] = {
     {"matmul_q8_0_i8", py_matmul_q8_0_i8, METH_VARARGS, "y = x @ W^T, Q8_0 W, x as int8 blocks + scales (pointers)"},
     {"repack_q8_0x16", py_repack_q8_0x16, METH_VARARGS, "Q8_0 rows into groups of 16 (the int8 head's layout)"},
     {"matmul_q8_0x16_i8", py_matmul_q8_0x16_i8, METH_VARARGS, "matmul_q8_0_i8 on a Q8_0X16 weight (pointers)"},
-    {"dequantize_q8_0x16", py_dequantize_q8_0x16, METH_VARARGS, "rows of a Q8_0X16 weight as float32 (pointers)"},
     {"i8_isa", py_i8_isa, METH_NOARGS, "the copy matmul_q8_0_i8 runs: vnni or portable"},
     {"has_bf16", py_has_bf16, METH_NOARGS, "whether the CPU has AVX-512 BF16"},
     {"rmsnorm", py_rmsnorm, METH_VARARGS, "RMSNorm of float32 rows (pointers)"},

@@ -133,6 +133,18 @@ def q8_0_matmul_int8(
     return y
 
 
+def q8_0x16_argmax_int8(x: torch.Tensor, blocks: torch.Tensor, in_features: int) -> torch.Tensor:
+    """x: [M, in] float32 -> [M] int64: ``q8_0_matmul_int8(x, blocks, in_features, Q8_0X16)
+    .argmax(-1)`` (the first index among equal maxima) without the [M, out] logits ever being
+    written: a greedy step's LM head."""
+    assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
+    xq, xd = quantize_activations(x.contiguous())
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _k().matmul_q8_0x16_i8(blocks.data_ptr(), blocks.shape[0], in_features, xq.data_ptr(), xd.data_ptr(),
+                           x.shape[0], out.data_ptr(), torch.get_num_threads(), True)  # fmt: skip
+    return out
+
+
 def repack_q8_0x16(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
     """Q8_0 blocks [rows, row_bytes] (rows a multiple of 16) -> the same weights in groups of 16
     rows (``Q8_0X16``, same shape and size): the int8 matmul loads a block's weights once for
@@ -155,11 +167,7 @@ def dequantize_rows(
     count = blocks.shape[0] if rows is None else rows.numel()
     out = torch.empty(count, in_features, dtype=torch.float32)
     rows_ptr = 0 if rows is None else rows.data_ptr()
-    threads = torch.get_num_threads()
-    if qtype == Q8_0X16:
-        _k().dequantize_q8_0x16(blocks.data_ptr(), in_features, rows_ptr, count, out.data_ptr(), threads)
-    else:
-        _k().dequantize(qtype, blocks.data_ptr(), in_features, rows_ptr, count, out.data_ptr(), threads)
+    _k().dequantize(qtype, blocks.data_ptr(), in_features, rows_ptr, count, out.data_ptr(), torch.get_num_threads())
     return out
 
 
@@ -226,6 +234,13 @@ class GGUFLinear(nn.Module):
         if self.bias is not None:
             y += self.bias
         return y.view(*lead, self.out_features)
+
+    def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x: [B, in] -> ``self(x).argmax(-1)`` [B] int64 without the [B, out] output, where the
+        kernel can (8-bit activations on the regrouped Q8_0, no bias); None where it cannot."""
+        if not self.int8_activations or self.qtype != Q8_0X16 or self.bias is not None:
+            return None
+        return q8_0x16_argmax_int8(x.reshape(-1, self.in_features).float(), self.blocks, self.in_features)
 
     def extra_repr(self) -> str:
         layout = {Q8_0X16: " (in groups of 16 rows)"}.get(self.qtype, " (repacked)")

@@ -119,10 +119,27 @@ class CausalLM(nn.Module):
         out: torch.Tensor | None = None,
         *,
         head_dtype: bool = False,
+        greedy: bool = False,
     ) -> torch.Tensor:
         # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices (written into out if
-        # given; in the head's own dtype with head_dtype, see logits())
-        return self.logits(self.hidden(input_ids, meta, kv_cache)[meta.logits_indices], out, head_dtype=head_dtype)
+        # given; in the head's own dtype with head_dtype, see logits()); with greedy, their
+        # argmax [B] int64 instead (see greedy())
+        h = self.hidden(input_ids, meta, kv_cache)[meta.logits_indices]
+        if greedy:
+            return self.greedy(h)
+        return self.logits(h, out, head_dtype=head_dtype)
+
+    def greedy(self, h: torch.Tensor) -> torch.Tensor:
+        """h: [B, hidden] after the final norm -> ``logits(h).argmax(-1)`` [B] int64; on a CPU's
+        int8 GGUF head without a soft-cap, from the kernel without writing the [B, vocab] logits
+        (16 x 262k floats at 16 streams: a 16 MB write and read per step)."""
+        embed = self.model.embed_tokens
+        head = embed.head if self.lm_head is None and isinstance(embed, GGUFEmbedding) else self.lm_head
+        if isinstance(head, GGUFLinear) and self.config.final_logit_softcapping is None:
+            tokens = head.argmax(h)
+            if tokens is not None:
+                return tokens
+        return self.logits(h).argmax(dim=-1)
 
     def hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         """input_ids: [T] -> the final norm's output [T, hidden] (every position)."""

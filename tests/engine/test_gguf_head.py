@@ -3,6 +3,8 @@ kernels: tests/kernels/test_q8_0_int8.py, tests/kernels/test_gguf_linear.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import aserve
@@ -64,3 +66,27 @@ async def test_bf16_prefill_default_follows_the_cpu_and_overlap_equals_serial() 
     with pytest.raises(InvalidRequestError, match="gguf_prefill"):
         async with aserve.Engine(model="gemma-3-270m", dtype="float32", gguf_prefill="bfloat16", warmup=False):
             pass
+
+
+async def test_greedy_steps_take_the_heads_argmax_and_the_same_tokens() -> None:
+    """A plain greedy step on the int8 head asks the kernel for the argmax alone (no logits
+    written); a request that wants logprobs needs the logits and takes the sampler. Each
+    request is alone in its engine, so the steps are the same and so must be the tokens."""
+    calls = 0
+    real = gguf_linear.q8_0x16_argmax_int8
+
+    def counted(*args: object) -> object:
+        nonlocal calls
+        calls += 1
+        return real(*args)  # type: ignore[arg-type]
+
+    params = aserve.SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf_linear, "q8_0x16_argmax_int8", counted)
+        async with aserve.Engine(model="gemma-3-270m", gguf_head="int8", warmup=False) as engine:
+            plain = await engine.complete(PROMPTS[0], params)
+            assert calls >= 12
+            seen = calls
+            with_logprobs = await engine.complete(PROMPTS[0], dataclasses.replace(params, logprobs=1))
+            assert calls == seen
+    assert plain.token_ids == with_logprobs.token_ids

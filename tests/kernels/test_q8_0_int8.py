@@ -136,3 +136,30 @@ def test_a_head_of_rows_not_a_multiple_of_16_keeps_the_row_layout() -> None:
     assert torch.equal(lin(x), gl.q8_0_matmul_int8(x, blocks, K))
     with pytest.raises(ValueError, match="multiple of 16"):
         gl._k().repack_q8_0x16(blocks.data_ptr(), 37, K, blocks.data_ptr())
+
+
+@pytest.mark.parametrize("m", [1, 3, 9, 16])
+def test_argmax_without_logits_is_torch_argmax_of_the_logits(m: int) -> None:
+    """The head's greedy entry (no logits written) against torch.argmax of the same kernel's
+    logits: over 1,024 rows (many chunks), with rows that tie the maximum (duplicates of the
+    row each x aims at: the first index wins), on the VNNI and the portable copy."""
+    k = gl.kernel()
+    assert k is not None
+    blocks = _random_blocks("Q8_0", 1024, K, seed=40 + m)
+    for dup in (300, 700, 1023):
+        blocks[dup] = blocks[100 + m]  # equal rows: equal logits
+    grouped = gl.repack_q8_0x16(blocks, K)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(m))
+    x[0] = torch.from_numpy(_reference(blocks[100 + m : 101 + m], "Q8_0"))[0] * 50  # row 100 + m wins
+    best = k.isa()
+    try:
+        for isa in dict.fromkeys((best, "baseline")):
+            k.set_isa(isa)
+            logits = gl.q8_0_matmul_int8(x, grouped, K, gl.Q8_0X16)
+            got = gl.q8_0x16_argmax_int8(x, grouped, K)
+            assert torch.equal(got, logits.argmax(-1)), isa
+            assert int(got[0]) == 100 + m
+    finally:
+        k.set_isa(best)
+    zero = torch.zeros_like(grouped)  # every scale 0: all logits equal, the first index
+    assert gl.q8_0x16_argmax_int8(x, zero, K).tolist() == [0] * m
