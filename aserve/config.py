@@ -34,11 +34,11 @@ class EngineConfig:
     # for a Q8_0 head on a CPU with AVX-512 VNNI (faster, and within issue 20's quality bar),
     # else float32. The other layers always take float32 activations.
     gguf_head: Literal["float32", "int8"] | None = None
-    # With GGUF blocks: the matmuls of more than 6 rows (a prefill, or a decode step of 7 or
-    # more streams) in "bfloat16" (operands rounded, float32 accumulation) or "float32". None:
+    # With GGUF blocks: the matmuls of a prefill of 32+ tokens and of a decode step of 7+
+    # streams in "bfloat16" (operands rounded, float32 accumulation) or "float32". None:
     # bfloat16 on a CPU with AVX-512 BF16 (1.4-2.4x the speed, within issue 20's quality bar),
-    # else float32. Decode steps of 6 streams or fewer always run the kernel in float32, so
-    # a stream's numbers can differ in the last bits with the number of streams beside it.
+    # else float32. Smaller steps always run the kernel in float32, so a stream's numbers can
+    # differ in the last bits with the number of streams beside it.
     gguf_prefill: Literal["float32", "bfloat16"] | None = None
     overlap: bool = True  # pipeline depth 2 or 3 (overlap_depth); False runs the same code at depth 1
     # Steps planned or in flight but not committed when overlap is on. 2 is SGLang's scheme
@@ -206,7 +206,7 @@ FLAG_HELP: dict[str, str] = {
     "(default: gguf for a GGUF model on a CPU where the kernel is built, else float32 on a CPU; bfloat16 on a GPU)",
     "gguf_head": "with GGUF blocks, the LM head's activations: float32, or int8 (per block of 32 with integer "
     "dot products, llama.cpp's method; a Q8_0 head) (default: int8 on a CPU with AVX-512 VNNI, else float32)",
-    "gguf_prefill": "with GGUF blocks, matmuls of more than 6 rows (prefills, decode steps of 7+ streams) in "
+    "gguf_prefill": "with GGUF blocks, the matmuls of prefills of 32+ tokens and decode steps of 7+ streams in "
     "bfloat16 or float32 (default: bfloat16 on a CPU with AVX-512 BF16, else float32)",
     "overlap": "run the scheduler serially (pipeline depth 1); the tokens are the same",
     "overlap_depth": "steps planned or in flight ahead of the commit with overlap on, 2 or 3 "

@@ -147,13 +147,13 @@ def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
 
 
 def use_prefill_bf16(cfg: EngineConfig, model: torch.nn.Module, blocks: bool) -> None:
-    """GGUF matmuls of more than 6 rows (prefills, decode steps of 7+ streams) in bfloat16:
-    asked for (``gguf_prefill="bfloat16"``; an error without GGUF blocks), or unset on a CPU
-    with AVX-512 BF16, where prefill-sized calls run torch's bfloat16 matmul (~2.4x float32's
-    speed) and 7-31 rows the kernel's bfloat16 tiles (~1.4x), and the default model stays
-    within issue 20's quality bar (every position of the quality corpus through bfloat16
-    matmuls and the int8 head: top-1 = float32's at 98.29%, perplexity +0.107%;
-    docs/benchmarks.md). Decode steps of 6 streams or fewer stay float32.
+    """GGUF matmuls of prefills (32+ tokens) and decode steps of 7+ streams in bfloat16: asked
+    for (``gguf_prefill="bfloat16"``; an error without GGUF blocks), or unset on a CPU with
+    AVX-512 BF16, where a prefill runs torch's bfloat16 matmul (~2.4x float32's speed) and a
+    decode step the kernel's bfloat16 tiles (~1.4x), and the default model stays within issue
+    20's quality bar (every position of the quality corpus through bfloat16 matmuls and the
+    int8 head: top-1 = float32's at 98.29%, perplexity +0.107%; docs/benchmarks.md). Smaller
+    steps stay float32.
     """
     from aserve.kernels.gguf_linear import GGUFLinear, kernel
 

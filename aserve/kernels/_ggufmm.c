@@ -1109,9 +1109,11 @@ struct layer_rec {
     double eps, qk_eps, scale, softcap;
 };
 
-/* y[m, n] = x @ W^T (+ bias) for a plan's projection; -1 if out of memory. */
-static int lin_run(const struct lin_rec *L, const float *x, int64_t m, float *y, int threads) {
-    const int rc = matmul_run((int)L->qtype, (const uint8_t *)(uintptr_t)L->w, L->n, L->k, x, m, y, threads, (int)L->bf16);
+/* y[m, n] = x @ W^T (+ bias) for a plan's projection, in bfloat16 where both the projection
+ * (its gemm_bf16) and the step (bf16: a decode step) allow it; -1 if out of memory. */
+static int lin_run(const struct lin_rec *L, const float *x, int64_t m, float *y, int threads, int bf16) {
+    const int rc = matmul_run((int)L->qtype, (const uint8_t *)(uintptr_t)L->w, L->n, L->k, x, m, y, threads,
+                              (int)L->bf16 && bf16);
     if (rc == 0 && L->bias != 0) {
         const float *b = (const float *)(uintptr_t)L->bias;
         for (int64_t r = 0; r < m; r++)
@@ -1125,7 +1127,7 @@ static int lin_run(const struct lin_rec *L, const float *x, int64_t m, float *y,
  * rope: per layer, the cos and sin [t, d] pointers; loc, table, rows, pos as attend / store_kv. */
 static int decoder_run(const struct layer_rec *Ls, int64_t nl, float *h, float *x, int64_t t, int64_t hidden,
                        const int64_t *rope, const int64_t *loc, const int64_t *table, int64_t stride,
-                       const int64_t *rows, const int64_t *pos, int threads) {
+                       const int64_t *rows, const int64_t *pos, int threads, int bf16) {
     int64_t qn = 0, kvn = 0, inter = 0;
     for (int64_t l = 0; l < nl; l++) {
         const struct layer_rec *L = &Ls[l];
@@ -1144,8 +1146,8 @@ static int decoder_run(const struct layer_rec *Ls, int64_t nl, float *h, float *
         float *kc = (float *)(uintptr_t)L->k_cache, *vc = (float *)(uintptr_t)L->v_cache;
         const float *cs = (const float *)(uintptr_t)rope[2 * l], *sn = (const float *)(uintptr_t)rope[2 * l + 1];
         const float eps = (float)L->eps;
-        if ((rc = lin_run(&L->q, x, t, q, threads)) != 0 || (rc = lin_run(&L->k, x, t, kk, threads)) != 0 ||
-            (rc = lin_run(&L->v, x, t, vv, threads)) != 0)
+        if ((rc = lin_run(&L->q, x, t, q, threads, bf16)) != 0 || (rc = lin_run(&L->k, x, t, kk, threads, bf16)) != 0 ||
+            (rc = lin_run(&L->v, x, t, vv, threads, bf16)) != 0)
             break;
         if (L->q_norm) ops_rmsnorm(q, PTR(L->q_norm), q, t * L->heads, L->d, (float)L->qk_eps, 1);
         if (L->k_norm) ops_rmsnorm(kk, PTR(L->k_norm), kk, t * L->kv_heads, L->d, (float)L->qk_eps, 1);
@@ -1157,14 +1159,14 @@ static int decoder_run(const struct layer_rec *Ls, int64_t nl, float *h, float *
         }
         if ((rc = attend_run(q, kc, vc, table, stride, rows, pos, t, L->heads, L->kv_heads, L->d, L->window,
                              (float)L->scale, (float)L->softcap, att, threads)) != 0 ||
-            (rc = lin_run(&L->o, att, t, o, threads)) != 0)
+            (rc = lin_run(&L->o, att, t, o, threads, bf16)) != 0)
             break;
         /* h2 = h + norm(o); x = mlp_in_norm(h2); then h = h2 + norm(mlp(x)); x = next_norm(h) */
         ops_add_rmsnorm(o, h, PTR(L->mlp_in_norm), L->attn_out_norm ? PTR(L->attn_out_norm) : NULL, h2, x, t, hidden,
                         eps, eps, (int)L->gemma);
-        if ((rc = lin_run(&L->gate, x, t, g, threads)) != 0 || (rc = lin_run(&L->up, x, t, u, threads)) != 0) break;
+        if ((rc = lin_run(&L->gate, x, t, g, threads, bf16)) != 0 || (rc = lin_run(&L->up, x, t, u, threads, bf16)) != 0) break;
         ops_gated(g, u, g, t * L->gate.n, (int)L->act);
-        if ((rc = lin_run(&L->down, g, t, dn, threads)) != 0) break;
+        if ((rc = lin_run(&L->down, g, t, dn, threads, bf16)) != 0) break;
         ops_add_rmsnorm(dn, h2, PTR(L->next_norm), L->mlp_out_norm ? PTR(L->mlp_out_norm) : NULL, h, x, t, hidden,
                         eps, eps, (int)L->gemma);
     }
@@ -1173,20 +1175,22 @@ static int decoder_run(const struct layer_rec *Ls, int64_t nl, float *h, float *
 }
 
 /* decoder_layers(plan_ptr, nlayers, h_ptr, x_ptr, t, hidden, rope_ptr, loc_ptr, table_ptr,
- *                table_stride, rows_ptr, pos_ptr, threads): decoder_run, h and x updated in place */
+ *                table_stride, rows_ptr, pos_ptr, threads, bf16): decoder_run, h and x updated in
+ * place; bf16: the projections whose gemm_bf16 is set may multiply in bfloat16 (matmul_run's
+ * rule: more than GEMV_MAX_ROWS rows, AVX-512 BF16) */
 static PyObject *py_decoder_layers(PyObject *self, PyObject *args) {
     unsigned long long pp, hp, xp, rp, lp, tp, sp, op;
     long long nl, t, hidden, stride;
-    int threads;
+    int threads, bf16;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KLKKLLKKKLKKi", &pp, &nl, &hp, &xp, &t, &hidden, &rp, &lp, &tp, &stride, &sp, &op,
-                          &threads))
+    if (!PyArg_ParseTuple(args, "KLKKLLKKKLKKip", &pp, &nl, &hp, &xp, &t, &hidden, &rp, &lp, &tp, &stride, &sp, &op,
+                          &threads, &bf16))
         return NULL;
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = decoder_run((const struct layer_rec *)(uintptr_t)pp, nl, PTR(hp), PTR(xp), t, hidden,
                      (const int64_t *)(uintptr_t)rp, (const int64_t *)(uintptr_t)lp, (const int64_t *)(uintptr_t)tp,
-                     stride, (const int64_t *)(uintptr_t)sp, (const int64_t *)(uintptr_t)op, threads);
+                     stride, (const int64_t *)(uintptr_t)sp, (const int64_t *)(uintptr_t)op, threads, bf16);
     Py_END_ALLOW_THREADS
     if (rc != 0) return PyErr_NoMemory();
     Py_RETURN_NONE;

@@ -202,7 +202,8 @@ def decoder_stack(
     table, loc, pos = meta.req_to_token, meta.out_cache_loc.contiguous(), meta.positions.contiguous()
     assert table.dtype == torch.int64 and table.is_contiguous()
     h, x = h.contiguous().clone(), x.contiguous().clone()
+    decode = meta.max_extend == 1  # bfloat16 tiles for decode steps only: a prompt's logits stay float32
     _k().decoder_layers(plan.data_ptr(), len(ropes), h.data_ptr(), x.data_ptr(), t, h.shape[1], rp.data_ptr(),
                         loc.data_ptr(), table.data_ptr(), table.shape[1], rows.data_ptr(), pos.data_ptr(),
-                        torch.get_num_threads())  # fmt: skip
+                        torch.get_num_threads(), decode)  # fmt: skip
     return x

@@ -75,9 +75,8 @@ def gguf_matmul(
     ``gemm_bf16``: a call of ``GEMM_MIN_ROWS`` rows and more (a prefill) multiplies in bfloat16
     (x and the dequantized weight rounded to bfloat16, float32 accumulation in torch's oneDNN
     matmul, the result rounded to bfloat16: ~2.4x float32's speed where the CPU has AVX-512
-    BF16), and so does a call of 7 to ``GEMM_MIN_ROWS - 1`` rows (a batch of decode steps) in
-    the kernel's bfloat16 tiles, where the CPU has AVX-512 BF16 (x and the weight rounded, the
-    result not). Up to 6 rows the kernel stays float32 whatever the flag."""
+    BF16). Fewer rows stay float32 here; a decode step of 7-31 streams run by
+    ``cpu_ops.decoder_stack`` takes the kernel's bfloat16 tiles under the same flag."""
     assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
     x = x.contiguous()
     m, n = x.shape[0], blocks.shape[0]
@@ -88,8 +87,7 @@ def gguf_matmul(
                  for s in range(0, n, _GEMM_CHUNK_ROWS)]  # fmt: skip
         return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)).float()
     y = torch.empty(m, n, dtype=torch.float32)
-    _k().matmul(qtype, blocks.data_ptr(), n, in_features, x.data_ptr(), m, y.data_ptr(), torch.get_num_threads(),
-                int(gemm_bf16))  # fmt: skip
+    _k().matmul(qtype, blocks.data_ptr(), n, in_features, x.data_ptr(), m, y.data_ptr(), torch.get_num_threads())
     return y
 
 
@@ -199,7 +197,8 @@ class GGUFLinear(nn.Module):
 
     @property
     def gemm_bf16(self) -> bool:
-        """Calls of more than 6 rows in bfloat16 (``gguf_matmul``)."""
+        """Prefill-sized calls in bfloat16 (``gguf_matmul``), and decode steps of 7+ streams in
+        ``cpu_ops.decoder_stack``."""
         return self._gemm_bf16
 
     @gemm_bf16.setter

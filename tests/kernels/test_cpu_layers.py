@@ -59,21 +59,50 @@ def _steps(runner: PagedRunner, stack: bool) -> list[torch.Tensor]:
         cpu_ops.set_decoder_stack(prev)
 
 
+def _set_bf16(m: nn.Module, on: bool) -> None:
+    for mod in m.model.layers.modules():
+        if isinstance(mod, gl.GGUFLinear):
+            mod.gemm_bf16 = on
+
+
 def test_one_call_stack_equals_the_modules(
     model: tuple[ModelConfig, nn.Module], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Float32 throughout (``gemm_bf16`` off): every step the same bits, logits and KV cache."""
     cfg, m = model
     count = _Count(monkeypatch)
-    ref_runner = PagedRunner(m, cfg, torch.float32, rows=8, max_ctx=64)
-    ref = _steps(ref_runner, stack=False)
-    assert count.calls == 0
-    runner = PagedRunner(m, cfg, torch.float32, rows=8, max_ctx=64)
-    got = _steps(runner, stack=True)
+    _set_bf16(m, False)
+    try:
+        ref_runner = PagedRunner(m, cfg, torch.float32, rows=8, max_ctx=64)
+        ref = _steps(ref_runner, stack=False)
+        assert count.calls == 0
+        runner = PagedRunner(m, cfg, torch.float32, rows=8, max_ctx=64)
+        got = _steps(runner, stack=True)
+    finally:
+        _set_bf16(m, True)
     assert count.calls == 4  # every step but the 41-token one
     for i, (a, b) in enumerate(zip(got, ref, strict=True)):
         assert torch.equal(a, b), (i, (a - b).abs().max().item())
     for (k1, v1), (k2, v2) in zip(runner.kv, ref_runner.kv, strict=True):
         assert torch.equal(k1, k2) and torch.equal(v1, v2)
+
+
+def test_decode_steps_of_7_or_more_streams_take_bfloat16(model: tuple[ModelConfig, nn.Module]) -> None:
+    """With ``gemm_bf16`` (the CPU default where AVX-512 BF16 exists) the stack multiplies an
+    all-decode step of 8 rows in bfloat16, where the modules stay float32: that step's logits
+    differ, to bfloat16's rounding; every other step (one stream, mixed steps with extends, the
+    prefill) keeps the same bits."""
+    cfg, m = model
+    if not gl.kernel().has_bf16():  # type: ignore[union-attr]
+        pytest.skip("the CPU has no AVX-512 BF16")
+    ref = _steps(PagedRunner(m, cfg, torch.float32, rows=8, max_ctx=64), stack=False)
+    got = _steps(PagedRunner(m, cfg, torch.float32, rows=8, max_ctx=64), stack=True)
+    for i, (a, b) in enumerate(zip(got, ref, strict=True)):
+        if i != 4:
+            assert torch.equal(a, b), (i, (a - b).abs().max().item())
+    assert not torch.equal(got[4], ref[4])
+    assert (got[4] - ref[4]).abs().max() < 0.05 * ref[4].abs().max()
+    assert (got[4].argmax(-1) == ref[4].argmax(-1)).float().mean() >= 0.75
 
 
 def test_plan_follows_the_projections_flags(model: tuple[ModelConfig, nn.Module]) -> None:

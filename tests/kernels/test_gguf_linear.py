@@ -321,7 +321,7 @@ def test_prefill_matmul_in_bfloat16(qname: str) -> None:
     """``gemm_bf16``: x and W rounded to bfloat16, the products summed in float32 and the
     result rounded to bfloat16 (torch's CPU bfloat16 matmul): within one bfloat16 step of the
     float64 product of the rounded operands (gguf-py's weights), and exactly the float32 kernel
-    up to 6 rows (decode of a few streams)."""
+    below GEMM_MIN_ROWS rows."""
     in_features = 512
     raw = _random_blocks(qname, 40, in_features, seed=11)
     blocks, qtype = _as_run(raw, qname, in_features, "repacked")
@@ -333,7 +333,7 @@ def test_prefill_matmul_in_bfloat16(qname: str) -> None:
     want = xb @ wb.T
     np.testing.assert_allclose(y, want, rtol=2.0**-7, atol=1e-4 * np.abs(want).max())
     assert not np.allclose(y, x.double().numpy() @ ref.T, rtol=1e-6, atol=0)  # it did round
-    few = x[:6]
+    few = x[: gl.GEMM_MIN_ROWS - 1]  # fewer rows: float32 here (decode steps: cpu_ops.decoder_stack)
     assert torch.equal(gl.gguf_matmul(few, blocks, qtype, in_features, gemm_bf16=True),
                        gl.gguf_matmul(few, blocks, qtype, in_features))  # fmt: skip
 
@@ -343,17 +343,26 @@ def test_prefill_matmul_in_bfloat16(qname: str) -> None:
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("qname", list(REAL))
 def test_batched_decode_matmul_in_bfloat16_tiles(qname: str, layout: str, m: int) -> None:
-    """7 to 31 rows with ``gemm_bf16``: the kernel's bfloat16 tiles. Independent reference:
-    torch rounds x and gguf-py's weights to bfloat16, float64 multiplies them; the tiles sum in
-    float32, so they agree to float32 rounding of the sum (not bfloat16's), and the result
-    differs from the float32 kernel's (it did round). 37 output rows: a tail of one weight row."""
+    """7 to 31 rows with the kernel's bf16 flag (what decoder_stack asks for on a decode step
+    of 7+ streams): the bfloat16 tiles. Independent reference: torch rounds x and gguf-py's
+    weights to bfloat16, float64 multiplies them; the tiles sum in float32, so they agree to
+    float32 rounding of the sum (not bfloat16's), and the result differs from the float32
+    kernel's (it did round). 37 output rows: a tail of one weight row. Up to 6 rows the flag
+    is ignored (the fused float32 copies)."""
     in_features = 768 if qname in ("Q4_K", "Q6_K") else 640
     raw = _random_blocks(qname, 37, in_features, seed=13)
     blocks, qtype = _as_run(raw, qname, in_features, layout)
     ref = torch.from_numpy(_reference(raw, qname)).double()
     x = torch.randn(m, in_features, generator=torch.Generator().manual_seed(m))
-    got = gl.gguf_matmul(x, blocks, qtype, in_features, gemm_bf16=True).double()
+
+    def kernel(rows: torch.Tensor, bf16: int) -> torch.Tensor:
+        y = torch.empty(rows.shape[0], 37)
+        gl._k().matmul(qtype, blocks.data_ptr(), 37, in_features, rows.data_ptr(), rows.shape[0], y.data_ptr(), 2, bf16)
+        return y
+
+    got = kernel(x, 1).double()
     xb, wb = x.to(torch.bfloat16).double(), ref.to(torch.bfloat16).double()
     bound = (xb.abs() @ wb.abs().t()) * 1e-6
     assert ((got - xb @ wb.t()).abs() <= bound + 1e-30).all(), (got - xb @ wb.t()).abs().max().item()
-    assert not torch.equal(got.float(), gl.gguf_matmul(x, blocks, qtype, in_features))
+    assert not torch.equal(got.float(), kernel(x, 0))
+    assert torch.equal(kernel(x[:6].contiguous(), 1), kernel(x[:6].contiguous(), 0))
