@@ -141,7 +141,7 @@ def _describe_weights(model: torch.nn.Module, dtype: torch.dtype) -> str:
     if head is not None and head.int8_activations:
         acts += f", LM head int8 ({k.i8_isa()})"
     if any(isinstance(m, GGUFLinear) and m.gemm_bf16 for m in model.modules()):
-        acts += ", prefill matmuls bfloat16"
+        acts += ", bfloat16 matmuls in prefills of 32+ tokens and decode steps of 7+ streams"
     packed = f"; {'/'.join(sorted(repacked))} repacked" if repacked else ""
     return f"gguf blocks ({kinds}{packed}) on aserve's CPU kernel ({k.isa()}), {acts}"
 

@@ -51,14 +51,14 @@ async def test_bf16_prefill_default_follows_the_cpu_and_overlap_equals_serial() 
     kernel = gguf_linear.kernel()
     assert kernel is not None
     async with aserve.Engine(model="gemma-3-270m", warmup=False) as engine:
-        assert ("prefill matmuls bfloat16" in engine.info()["weights"]) == bool(kernel.has_bf16())
+        assert ("bfloat16 matmuls in prefills" in engine.info()["weights"]) == bool(kernel.has_bf16())
     # Prompts of 40+ tokens: their prefill takes the bfloat16 matmuls.
     long = [p * 8 for p in PROMPTS]
     params = aserve.SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     outs = []
     for overlap in (True, False):
         async with aserve.Engine(model="gemma-3-270m", gguf_prefill="bfloat16", overlap=overlap, warmup=False) as e:
-            assert "prefill matmuls bfloat16" in e.info()["weights"]
+            assert "bfloat16 matmuls in prefills" in e.info()["weights"]
             batch = await e.complete_many(long, params)
             assert batch.usage.prompt_tokens >= 3 * 32
             outs.append([o.token_ids for o in sorted(batch.outputs, key=lambda o: o.index)])
