@@ -194,7 +194,7 @@ class ModelRunner:
             backend=self.attention_backend,
         )
         with torch.inference_mode():
-            if not num_prompt_rows and _plain_greedy(dev.sbatch) and self.device.type == "cpu":
+            if self.device.type == "cpu" and not num_prompt_rows and _plain_greedy(dev.sbatch):
                 # Every row greedy, nothing else read from the logits: the head's argmax alone
                 # (CausalLM.greedy: on the int8 GGUF head the logits are never written).
                 tokens = self.model(input_ids, meta, self.pool.kv_cache, greedy=True)  # [B]

@@ -68,6 +68,15 @@ OPS_CLONES static void ops_add_rmsnorm(const float *x, const float *res, const f
     }
 }
 
+/* The new tokens' K and V rows (row floats each) into their cache slots loc[i]. */
+static inline void ops_store_kv(const float *k, const float *v, float *kc, float *vc, const int64_t *loc, int64_t t,
+                                int64_t row) {
+    for (int64_t i = 0; i < t; i++) {
+        memcpy(kc + loc[i] * row, k + i * row, (size_t)row * sizeof(float));
+        memcpy(vc + loc[i] * row, v + i * row, (size_t)row * sizeof(float));
+    }
+}
+
 /* NeoX rotary: x, y [T, heads, D] contiguous (y may be x), cos/sin [T, D];
  * y = x * cos + rotate_half(x) * sin, rotate_half(x) = [-x[D/2:], x[:D/2]]. */
 OPS_CLONES static void ops_rotary(const float *x, float *y, const float *cs, const float *sn, int64_t t,

@@ -775,6 +775,10 @@ VNNI_TARGET static void i8_rows_vnni(const struct job *j, int64_t start, int64_t
  * after row. x stays signed, and 128 * sum(xq) of each of its blocks comes off the integer
  * sum, which is then sum(xq * q) exactly, scaled and added block by block as there: the same
  * bits as matmul_q8_0_i8. The weight's rows: a multiple of 16. */
+/* Offset in a group's block of row l's quant i (i < 32): after the 32 bytes of d, 4 quants of
+ * each of the 16 rows in turn. */
+static inline int64_t x16_at(int l, int i) { return 32 + 64 * (i / 4) + 4 * l + i % 4; }
+
 static void repack_q8_0x16(const uint8_t *src, int64_t n, int64_t k, uint8_t *dst) {
     const int64_t nb = k / 32;
     for (int64_t g = 0; g < n / 16; g++)
@@ -783,7 +787,7 @@ static void repack_q8_0x16(const uint8_t *src, int64_t n, int64_t k, uint8_t *ds
             for (int l = 0; l < 16; l++) {
                 const uint8_t *blk = src + ((16 * g + l) * nb + b) * 34;
                 memcpy(o + 2 * l, blk, 2);
-                for (int i = 0; i < 32; i++) o[32 + 64 * (i / 4) + 4 * l + i % 4] = blk[2 + i] ^ 0x80;
+                for (int i = 0; i < 32; i++) o[x16_at(l, i)] = blk[2 + i] ^ 0x80;
             }
         }
 }
@@ -796,6 +800,10 @@ struct x16_ctx {
     float *best;
     int64_t *idx;
 };
+
+/* Whether logit v takes the place of the best so far, b: larger, or the first NaN (the largest,
+ * as in torch.argmax); an equal one does not (the first index among equals wins). */
+static inline int x16_beats(float v, float b) { return v > b || (v != v && b == b); }
 
 /* 16 logits (weight rows 16 g .. 16 g + 15) of row r of x: stored into y, or folded into the
  * chunk's best of that row. */
@@ -810,7 +818,7 @@ static inline __attribute__((always_inline)) void x16_out(const struct job *j, i
     float b = c->best[at];
     int64_t bi = c->idx[at];
     for (int l = 0; l < 16; l++)
-        if (v[l] > b || (v[l] != v[l] && b == b)) { /* a NaN is the largest, as in torch */
+        if (x16_beats(v[l], b)) {
             b = v[l];
             bi = 16 * g + l;
         }
@@ -830,7 +838,7 @@ static void i8x16_rows_portable(const struct job *j, int64_t start, int64_t end)
                 const int8_t *xr = j->xq + r * j->k + 32 * b;
                 for (int l = 0; l < 16; l++) {
                     int32_t s = 0;
-                    for (int i = 0; i < 32; i++) s += (int32_t)blk[32 + 64 * (i / 4) + 4 * l + i % 4] * xr[i];
+                    for (int i = 0; i < 32; i++) s += (int32_t)blk[x16_at(l, i)] * xr[i];
                     const float d = half_to_float_base(rd16_base(blk + 2 * l));
                     acc[l] = fmaf((float)(s - xc[r * nb + b]), d * j->xd[r * nb + b], acc[l]);
                 }
@@ -905,7 +913,7 @@ static void x16_dequant_rows(const struct job *j, int64_t start, int64_t end) {
             const uint8_t *blk = j->w + (g * nb + b) * 544;
             const float d = half_to_float_base(rd16_base(blk + 2 * l));
             for (int e = 0; e < 32; e++)
-                out[32 * b + e] = d * (float)(int8_t)(blk[32 + 64 * (e / 4) + 4 * l + e % 4] ^ 0x80);
+                out[32 * b + e] = d * (float)(int8_t)(blk[x16_at((int)l, e)] ^ 0x80);
         }
     }
 }
@@ -1030,11 +1038,7 @@ static PyObject *py_store_kv(PyObject *self, PyObject *args) {
     long long t, row;
     (void)self;
     if (!PyArg_ParseTuple(args, "KKKKKLL", &kp, &vp, &kcp, &vcp, &lp, &t, &row)) return NULL;
-    const int64_t *loc = (const int64_t *)(uintptr_t)lp;
-    for (int64_t i = 0; i < t; i++) {
-        memcpy(PTR(kcp) + loc[i] * row, PTR(kp) + i * row, (size_t)row * sizeof(float));
-        memcpy(PTR(vcp) + loc[i] * row, PTR(vp) + i * row, (size_t)row * sizeof(float));
-    }
+    ops_store_kv(PTR(kp), PTR(vp), PTR(kcp), PTR(vcp), (const int64_t *)(uintptr_t)lp, t, row);
     Py_RETURN_NONE;
 }
 
@@ -1153,10 +1157,7 @@ static int decoder_run(const struct layer_rec *Ls, int64_t nl, float *h, float *
         if (L->k_norm) ops_rmsnorm(kk, PTR(L->k_norm), kk, t * L->kv_heads, L->d, (float)L->qk_eps, 1);
         ops_rotary(q, q, cs, sn, t, L->heads, L->d);
         ops_rotary(kk, kk, cs, sn, t, L->kv_heads, L->d);
-        for (int64_t i = 0; i < t; i++) {
-            memcpy(kc + loc[i] * kvr, kk + i * kvr, (size_t)kvr * sizeof(float));
-            memcpy(vc + loc[i] * kvr, vv + i * kvr, (size_t)kvr * sizeof(float));
-        }
+        ops_store_kv(kk, vv, kc, vc, loc, t, kvr);
         if ((rc = attend_run(q, kc, vc, table, stride, rows, pos, t, L->heads, L->kv_heads, L->d, L->window,
                              (float)L->scale, (float)L->softcap, att, threads)) != 0 ||
             (rc = lin_run(&L->o, att, t, o, threads, bf16)) != 0)
@@ -1280,7 +1281,7 @@ static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
             out[r] = c.idx[r];
             for (int64_t ch = 1; ch < chunks; ch++) {
                 const float v = c.best[ch * m + r];
-                if (v > b || (v != v && b == b)) {
+                if (x16_beats(v, b)) {
                     b = v;
                     out[r] = c.idx[ch * m + r];
                 }

@@ -88,6 +88,16 @@ def gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
 _ACTS = {"silu": 0, "gelu_tanh": 1}
 
 
+def _token_rows(meta: AttentionMetadata, t: int) -> torch.Tensor:
+    """[T] int64: each new token's table row, computed once per step (every layer asks)."""
+    rows = meta.cache.get("cpu_token_rows")
+    if rows is None:
+        rows = meta.cache["cpu_token_rows"] = torch.repeat_interleave(
+            meta.req_pool_indices, meta.extend_lens, output_size=t
+        ).contiguous()
+    return rows
+
+
 def attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -110,11 +120,7 @@ def attention(
     loc = meta.out_cache_loc.contiguous()
     kern = _k()
     kern.store_kv(k.data_ptr(), v.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), loc.data_ptr(), t, kv_heads * d)
-    rows = meta.cache.get("cpu_token_rows")
-    if rows is None:
-        rows = meta.cache["cpu_token_rows"] = torch.repeat_interleave(
-            meta.req_pool_indices, meta.extend_lens, output_size=t
-        ).contiguous()
+    rows = _token_rows(meta, t)
     table = meta.req_to_token
     assert table.dtype == torch.int64 and table.is_contiguous() and rows.dtype == torch.int64
     pos = meta.positions.contiguous()
@@ -194,11 +200,7 @@ def decoder_stack(
     if not _use_stack or t >= GEMM_MIN_ROWS or meta.max_extend > ATTEND_MAX_EXTEND or h.dtype != torch.float32:
         return None
     rp = torch.tensor([_f32(p).data_ptr() for cs in ropes for p in cs], dtype=torch.int64)
-    rows = meta.cache.get("cpu_token_rows")
-    if rows is None:
-        rows = meta.cache["cpu_token_rows"] = torch.repeat_interleave(
-            meta.req_pool_indices, meta.extend_lens, output_size=t
-        ).contiguous()
+    rows = _token_rows(meta, t)
     table, loc, pos = meta.req_to_token, meta.out_cache_loc.contiguous(), meta.positions.contiguous()
     assert table.dtype == torch.int64 and table.is_contiguous()
     h, x = h.contiguous().clone(), x.contiguous().clone()

@@ -171,9 +171,9 @@ def dequantize_rows(
 
 class GGUFLinear(nn.Module):
     """``nn.Linear`` whose weight is GGUF blocks ``[out_features, row_bytes]`` uint8; ``bias``:
-    a float32 bias parameter (filled by the checkpoint, as Qwen2's q/k/v biases). Q5_0, Q4_K
-    and Q6_K blocks are repacked once here (``repack``): ``gguf_qtype`` is the file's type,
-    ``qtype`` the layout the kernel runs."""
+    a float32 bias parameter (filled by the checkpoint, as Qwen2's q/k/v biases). Q5_0, Q8_0,
+    Q4_K and Q6_K blocks are repacked once here (``repack``) unless ``file_layout``:
+    ``gguf_qtype`` is the file's type, ``qtype`` the layout the kernel runs."""
 
     blocks: torch.Tensor
 
