@@ -5,7 +5,9 @@
 For each thread count: single-stream decode tok/s (the median of 3 runs after a warm-up run, for
 every engine alike), the aggregate output tok/s of 16 concurrent
 streams (greedy, ignore_eos, 64 new tokens each, the same prompts everywhere) and the time to
-first token of a 512-token prompt. Engines:
+first token of a 512-token prompt. ``--top-k K``: every engine decodes by sampling instead
+(temperature 1, top-k K, nothing else; aserve's draws seeded), and ``aserve gguf, full logits``
+joins: the default engine with the LM head's top-k candidates off. Engines:
 * ``aserve gguf``: the GGUF's own blocks on aserve's CPU kernel (``dtype="gguf"``);
 * ``aserve gguf, float32 head and prefill`` (``--exact``): the same with ``gguf_head`` and
   ``gguf_prefill`` float32 (the defaults take an 8-bit head and bfloat16 prefill matmuls on a
@@ -38,6 +40,7 @@ import anyio
 import torch
 
 import aserve
+from aserve.sampling import sampler
 
 PROMPTS = [
     "The capital of France is",
@@ -61,27 +64,35 @@ def long_prompt_ids(seed: int) -> list[int]:
     return [2, *torch.randint(1000, 200_000, (LONG_PROMPT - 1,), generator=g).tolist()]
 
 
-async def _aserve(dtype: str, threads: int, exact: bool = False) -> dict[str, Any]:
-    params = aserve.SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+def _params(top_k: int, seed: int) -> aserve.SamplingParams:
+    """Greedy, or with ``top_k`` > 0 seeded sampling at temperature 1 with that top-k alone."""
+    if top_k > 0:
+        return aserve.SamplingParams(max_tokens=NEW, temperature=1.0, top_k=top_k, seed=seed, ignore_eos=True)
+    return aserve.SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+
+
+async def _aserve(dtype: str, threads: int, exact: bool = False, top_k: int = 0) -> dict[str, Any]:
     precision: dict[str, Any] = {"gguf_head": "float32", "gguf_prefill": "float32"} if exact else {}
     async with aserve.Engine(model="gemma-3-270m", dtype=dtype, num_threads=threads, **precision) as engine:
-        await engine.complete(PROMPTS[0], params)  # warm-up, as llama_peer.py's
+        await engine.complete(PROMPTS[0], _params(top_k, 0))  # warm-up, as llama_peer.py's
         singles = []
-        for _ in range(SINGLE_RUNS):
-            r = await engine.complete(PROMPTS[0], params)
+        for i in range(SINGLE_RUNS):
+            r = await engine.complete(PROMPTS[0], _params(top_k, 1 + i))
             singles.append((NEW - 1) / (r.metrics["e2e_s"] - r.metrics["ttft_s"]))
         prompts = (PROMPTS * 2)[:16]
         t0 = time.perf_counter()
         async with anyio.create_task_group() as tg:
-            for p in prompts:
-                tg.start_soon(engine.complete, p, params)
+            for i, p in enumerate(prompts):
+                tg.start_soon(engine.complete, p, _params(top_k, 100 + i))
         wall = time.perf_counter() - t0
         one = aserve.SamplingParams(max_tokens=1, temperature=0)
         ttfts = [(await engine.complete(long_prompt_ids(s), one)).metrics["ttft_s"] for s in range(2)]
         st = engine.stats()
         weights = engine.info()["weights"]
     return {
-        "engine": f"aserve {dtype}" + (", float32 head and prefill" if exact else ""),
+        "engine": f"aserve {dtype}"
+        + (", float32 head and prefill" if exact else "")
+        + ("" if top_k <= 0 or sampler.CANDIDATE_MAX_TOP_K else ", full logits"),
         "weights": weights,
         "single_decode_tok_s": statistics.median(singles),
         "single_decode_runs_tok_s": singles,
@@ -92,16 +103,30 @@ async def _aserve(dtype: str, threads: int, exact: bool = False) -> dict[str, An
     }
 
 
+TOP_K = 0  # --top-k: every engine samples (temperature 1, this top-k) instead of greedy decoding
+
+
 def _aserve_gguf(threads: int) -> dict[str, Any]:
-    return anyio.run(_aserve, "gguf", threads)
+    return anyio.run(_aserve, "gguf", threads, False, TOP_K)
+
+
+def _aserve_gguf_full_logits(threads: int) -> dict[str, Any]:
+    """The default engine with the head's top-k candidates turned off: every sampled step
+    writes the [B, vocab] logits and samples from them (the path before the candidates)."""
+    saved = sampler.CANDIDATE_MAX_TOP_K
+    sampler.CANDIDATE_MAX_TOP_K = 0
+    try:
+        return anyio.run(_aserve, "gguf", threads, False, TOP_K)
+    finally:
+        sampler.CANDIDATE_MAX_TOP_K = saved
 
 
 def _aserve_gguf_exact(threads: int) -> dict[str, Any]:
-    return anyio.run(_aserve, "gguf", threads, True)
+    return anyio.run(_aserve, "gguf", threads, True, TOP_K)
 
 
 def _aserve_float32(threads: int) -> dict[str, Any]:
-    return anyio.run(_aserve, "float32", threads)
+    return anyio.run(_aserve, "float32", threads, False, TOP_K)
 
 
 def peer_env() -> dict[str, str]:
@@ -122,7 +147,8 @@ def _llama_cpp(threads: int) -> dict[str, Any] | None:
 
     work = {"prompt": PROMPTS[0], "long_prompts": [long_prompt_ids(s) for s in range(2)]}
     peer = Path(__file__).with_name("llama_peer.py")
-    cmd = [sys.executable, str(peer), str(resolve_model_path("gemma-3-270m")), str(threads), str(NEW), str(SINGLE_RUNS)]
+    model = str(resolve_model_path("gemma-3-270m"))
+    cmd = [sys.executable, str(peer), model, str(threads), str(NEW), str(SINGLE_RUNS), str(TOP_K)]
     done = subprocess.run(cmd, input=json.dumps(work), capture_output=True, text=True, env=peer_env(), check=False)
     if done.returncode != 0:
         raise RuntimeError(f"llama_peer.py failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -152,7 +178,8 @@ def _transformers(threads: int) -> dict[str, Any]:
     def gen(enc: dict[str, torch.Tensor], n: int) -> float:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            model.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            sampling: dict[str, Any] = {"do_sample": True, "top_k": TOP_K, "temperature": 1.0} if TOP_K > 0 else {}
+            model.generate(**enc, max_new_tokens=n, min_new_tokens=n, **({"do_sample": False} | sampling))
         return time.perf_counter() - t0
 
     tok.padding_side = "left"
@@ -182,11 +209,18 @@ def main() -> None:
     ap.add_argument("--transformers", action="store_true", help="add transformers generate")
     ap.add_argument("--exact", action="store_true",
                     help="add aserve gguf with gguf_head and gguf_prefill float32 (the exact path)")  # fmt: skip
+    ap.add_argument("--top-k", type=int, default=0,
+                    help="decode by seeded sampling, temperature 1 and this top-k (all engines), not greedily; "
+                         "adds aserve gguf with the full logits (the head's candidates off)")  # fmt: skip
     args = ap.parse_args()
+    global TOP_K
+    TOP_K = args.top_k
     threads = list(dict.fromkeys(args.threads))
     rows = []
     for n in threads:
         runs: list[tuple[str, Callable[[int], dict[str, Any] | None]]] = [("aserve gguf", _aserve_gguf)]
+        if TOP_K > 0:
+            runs.append(("aserve gguf, full logits", _aserve_gguf_full_logits))
         if args.exact:
             runs.append(("aserve gguf, float32 head and prefill", _aserve_gguf_exact))
         if args.float32:
@@ -209,6 +243,7 @@ def main() -> None:
         "aserve": aserve.__version__,
         "model": "gemma-3-270m Q4_K_M GGUF",
         "new_tokens": NEW,
+        "decoding": f"seeded sampling, temperature 1, top_k {TOP_K}" if TOP_K > 0 else "greedy",
         "long_prompt_tokens": LONG_PROMPT,
         "load_average_after": os.getloadavg(),
         "rows": rows,

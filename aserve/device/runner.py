@@ -27,9 +27,17 @@ from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
+from aserve.models.causal_lm import CausalLM
 from aserve.sampling.batch import SamplingBatch
 from aserve.sampling.grammar import GrammarState, fill_masks, mask_words
-from aserve.sampling.sampler import SampleOutput, apply_masks_, prompt_logprobs, sample
+from aserve.sampling.sampler import (
+    SampleOutput,
+    apply_masks_,
+    candidate_width,
+    prompt_logprobs,
+    sample,
+    sample_candidates,
+)
 from aserve.scheduler.policy import Plan
 
 
@@ -60,6 +68,8 @@ class ModelRunner:
         self.fast_graph_steps = 0  # steps whose host inputs took the greedy graph fast path
         self.split_steps = 0  # steps launched in two (constrained rows' masks filled later)
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
+        self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
+        self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
         # inputs and outputs.
         slots = max(3, pipeline_depth + 1)
@@ -200,12 +210,42 @@ class ModelRunner:
                 tokens = self.model(input_ids, meta, self.pool.kv_cache, greedy=True)  # [B]
                 self._publish(dev, tokens)
                 return SampleOutput(tokens, None, None, None)
+            width = candidate_width(dev.sbatch) if self.device.type == "cpu" and not num_prompt_rows else 0
+            if width and isinstance(self.model, CausalLM):
+                # Every sampled row has a top-k and nothing else reads the logits: the head's
+                # top candidates alone, unless a tie at some row's k-th place runs past them.
+                return self._sample_candidates(self.model, input_ids, meta, dev, gathered, width)
             logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B + E, V]
             if not num_prompt_rows:
                 return _Logits(logits, gathered, None)
             b = f.logits_idx.shape[0]
             prompt = prompt_logprobs(logits[b:], f.plp_target, dev.plp_top)
         return _Logits(logits[:b], gathered, prompt)
+
+    def _sample_candidates(
+        self,
+        model: CausalLM,
+        input_ids: torch.Tensor,
+        meta: AttentionMetadata,
+        dev: DeviceInputs,
+        gathered: torch.Tensor | None,
+        width: int,
+    ) -> SampleOutput | _Logits:
+        """A CPU step whose rows all sample with a top-k (or greedily), nothing else read from
+        the logits: ``sample_candidates`` on the head's top ``width`` per row (the int8 GGUF
+        head's kernel writes no [B, vocab] logits), the same tokens as ``sample``. Where the
+        head has no such kernel, or a tie may run past the candidates, the full logits go to
+        the sampler as on any step."""
+        assert dev.sbatch is not None
+        h = model.hidden(input_ids, meta, self.pool.kv_cache)[meta.logits_indices]
+        cand = model.candidates(h, width)
+        tokens = sample_candidates(*cand, dev.sbatch) if cand is not None else None
+        if tokens is None:
+            self.candidate_fallbacks += cand is not None
+            return _Logits(model.logits(h), gathered, None)
+        self.candidate_steps += 1
+        self._publish(dev, tokens)
+        return SampleOutput(tokens, None, None, None)
 
     def _graph_decode(self, dev: DeviceInputs, graph_in: torch.Tensor) -> SampleOutput | _Logits:
         """An all-decode step from a captured graph (table update, gather, forward, greedy

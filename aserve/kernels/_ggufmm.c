@@ -792,38 +792,51 @@ static void repack_q8_0x16(const uint8_t *src, int64_t n, int64_t k, uint8_t *ds
         }
 }
 
-/* A Q8_0X16 call's own arguments: the rows' 128 * sum(xq) per block; with argmax set, the
- * call keeps no logits but each chunk's largest logit and its index per row of x
- * (best / idx: [chunks, m]; the first index among equals, as torch.argmax). */
+/* A Q8_0X16 call's own arguments: the rows' 128 * sum(xq) per block; with top > 0, the call
+ * keeps no logits but, per chunk and row of x, the top largest logits and their indices in a
+ * min-heap (best / idx: [chunks, m, top], the worst at the root). top = 1 is the argmax: the
+ * first index among equals, as torch.argmax. */
 struct x16_ctx {
     const int32_t *xc;
     float *best;
     int64_t *idx;
+    int64_t top;
 };
 
 /* Whether logit v takes the place of the best so far, b: larger, or the first NaN (the largest,
  * as in torch.argmax); an equal one does not (the first index among equals wins). */
 static inline int x16_beats(float v, float b) { return v > b || (v != v && b == b); }
 
-/* 16 logits (weight rows 16 g .. 16 g + 15) of row r of x: stored into y, or folded into the
- * chunk's best of that row. */
+/* Logit v at index i into a min-heap of t entries (the root its worst) when it beats the root. */
+static inline void x16_push(float *hv, int64_t *hi, int64_t t, float v, int64_t i) {
+    if (!x16_beats(v, hv[0])) return;
+    int64_t p = 0;
+    for (;;) { /* sift the new entry down from the root */
+        int64_t c = 2 * p + 1;
+        if (c >= t) break;
+        if (c + 1 < t && x16_beats(hv[c], hv[c + 1])) c++; /* the worse child */
+        if (!x16_beats(v, hv[c])) break;
+        hv[p] = hv[c];
+        hi[p] = hi[c];
+        p = c;
+    }
+    hv[p] = v;
+    hi[p] = i;
+}
+
+/* 16 logits (weight rows 16 g .. 16 g + 15) of row r of x: stored into y, or pushed into the
+ * chunk's heap of that row. */
 static inline __attribute__((always_inline)) void x16_out(const struct job *j, int64_t start, int64_t g, int64_t r,
                                                           const float *v) {
     const struct x16_ctx *c = (const struct x16_ctx *)j->ctx;
-    if (c->best == NULL) {
+    if (c->top == 0) {
         memcpy(j->y + r * j->n + 16 * g, v, 16 * sizeof(float));
         return;
     }
-    const int64_t at = (start / j->chunk_rows) * j->m + r;
-    float b = c->best[at];
-    int64_t bi = c->idx[at];
-    for (int l = 0; l < 16; l++)
-        if (x16_beats(v[l], b)) {
-            b = v[l];
-            bi = 16 * g + l;
-        }
-    c->best[at] = b;
-    c->idx[at] = bi;
+    const int64_t at = ((start / j->chunk_rows) * j->m + r) * c->top;
+    float *hv = c->best + at;
+    int64_t *hi = c->idx + at;
+    for (int l = 0; l < 16; l++) x16_push(hv, hi, c->top, v[l], 16 * g + l);
 }
 
 /* Rows start .. end (multiples of 16) of y, portable: the same sums in plain loops. */
@@ -1219,26 +1232,31 @@ static PyObject *py_repack_q8_0x16(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* matmul_q8_0x16_i8(w_ptr, n, k, xq_ptr, xd_ptr, m, y_ptr, threads[, argmax]): matmul_q8_0_i8
- * on a Q8_0X16 weight (n a multiple of 16), the same bits. argmax: y_ptr is int64 [m], each
- * row's argmax of the logits, which are not kept (torch.argmax's answer on them). */
+/* matmul_q8_0x16_i8(w_ptr, n, k, xq_ptr, xd_ptr, m, y_ptr, threads[, top, idx_ptr]):
+ * matmul_q8_0_i8 on a Q8_0X16 weight (n a multiple of 16), the same bits. With top > 0 the
+ * logits are not kept: y_ptr is float32 [m, top], each row's top largest logits (in no order)
+ * and idx_ptr int64 [m, top] their indices. top = 1 gives torch.argmax's answer on them (the
+ * first index among equal maxima). */
 static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
-    int threads, argmax = 0;
-    unsigned long long wp, qp, dp, yp;
-    long long n, k, m;
+    int threads;
+    unsigned long long wp, qp, dp, yp, ip = 0;
+    long long n, k, m, top = 0;
     (void)self;
-    if (!PyArg_ParseTuple(args, "KLLKKLKi|p", &wp, &n, &k, &qp, &dp, &m, &yp, &threads, &argmax)) return NULL;
+    if (!PyArg_ParseTuple(args, "KLLKKLKi|LK", &wp, &n, &k, &qp, &dp, &m, &yp, &threads, &top, &ip)) return NULL;
     if (k <= 0 || k % 32 != 0 || m <= 0 || n % 16 != 0 || n <= 0)
         return PyErr_Format(PyExc_ValueError, "matmul_q8_0x16_i8: k = %lld (a multiple of 32), m = %lld > 0, n = %lld "
                             "(a positive multiple of 16)", k, m, n);
+    if (top < 0 || top > n || (top > 0 && ip == 0))
+        return PyErr_Format(PyExc_ValueError, "matmul_q8_0x16_i8: top = %lld must lie in 0 .. n = %lld, with an index "
+                            "buffer when positive", top, n);
     const int64_t nb = k / 32, chunk_rows = chunk_rows_for(n, 16, threads), chunks = (n + chunk_rows - 1) / chunk_rows;
-    struct x16_ctx c = {NULL, NULL, NULL};
+    struct x16_ctx c = {NULL, NULL, NULL, top};
     int32_t *xc = malloc((size_t)(m * nb) * sizeof(int32_t));
-    if (argmax) {
-        c.best = malloc((size_t)(chunks * m) * sizeof(float));
-        c.idx = malloc((size_t)(chunks * m) * sizeof(int64_t));
+    if (top) {
+        c.best = malloc((size_t)(chunks * m * top) * sizeof(float));
+        c.idx = malloc((size_t)(chunks * m * top) * sizeof(int64_t));
     }
-    if (xc == NULL || (argmax && (c.best == NULL || c.idx == NULL))) {
+    if (xc == NULL || (top && (c.best == NULL || c.idx == NULL))) {
         free(xc);
         free(c.best);
         free(c.idx);
@@ -1250,10 +1268,10 @@ static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
         for (int e = 0; e < 32; e++) s += xq[32 * i + e];
         xc[i] = 128 * s;
     }
-    for (int64_t ch = 0; argmax && ch < chunks; ch++)
-        for (int64_t r = 0; r < m; r++) {
-            c.best[ch * m + r] = -INFINITY;
-            c.idx[ch * m + r] = ch * chunk_rows;
+    for (int64_t ch = 0; ch < chunks; ch++) /* a chunk's first index stands for a row of -inf */
+        for (int64_t e = 0; e < m * top; e++) {
+            c.best[ch * m * top + e] = -INFINITY;
+            c.idx[ch * m * top + e] = ch * chunk_rows;
         }
     c.xc = xc;
     struct job j = {0};
@@ -1266,7 +1284,7 @@ static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
     j.k = k;
     j.n = n;
     j.m = m;
-    j.y = argmax ? NULL : (float *)(uintptr_t)yp;
+    j.y = top ? NULL : (float *)(uintptr_t)yp;
     j.xq = xq;
     j.xd = (const float *)(uintptr_t)dp;
     j.chunk_rows = chunk_rows;
@@ -1274,18 +1292,17 @@ static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
     Py_BEGIN_ALLOW_THREADS
     rc = run_job(&j, chunks, threads);
     Py_END_ALLOW_THREADS
-    if (rc == 0 && argmax) { /* chunks in order: the first of equal maxima wins */
-        int64_t *out = (int64_t *)(uintptr_t)yp;
+    if (rc == 0 && top) { /* the chunks' heaps merged in chunk order: the first of equal maxima wins */
+        float *ov = (float *)(uintptr_t)yp;
+        int64_t *oi = (int64_t *)(uintptr_t)ip;
         for (int64_t r = 0; r < m; r++) {
-            float b = c.best[r];
-            out[r] = c.idx[r];
-            for (int64_t ch = 1; ch < chunks; ch++) {
-                const float v = c.best[ch * m + r];
-                if (x16_beats(v, b)) {
-                    b = v;
-                    out[r] = c.idx[ch * m + r];
+            memcpy(ov + r * top, c.best + r * top, (size_t)top * sizeof(float));
+            memcpy(oi + r * top, c.idx + r * top, (size_t)top * sizeof(int64_t));
+            for (int64_t ch = 1; ch < chunks; ch++)
+                for (int64_t e = 0; e < top; e++) {
+                    const int64_t at = (ch * m + r) * top + e;
+                    x16_push(ov + r * top, oi + r * top, top, c.best[at], c.idx[at]);
                 }
-            }
         }
     }
     free(xc);

@@ -135,12 +135,24 @@ def q8_0x16_argmax_int8(x: torch.Tensor, blocks: torch.Tensor, in_features: int)
     """x: [M, in] float32 -> [M] int64: ``q8_0_matmul_int8(x, blocks, in_features, Q8_0X16)
     .argmax(-1)`` (the first index among equal maxima) without the [M, out] logits ever being
     written: a greedy step's LM head."""
+    return q8_0x16_topk_int8(x, blocks, in_features, 1)[1][:, 0]
+
+
+def q8_0x16_topk_int8(
+    x: torch.Tensor, blocks: torch.Tensor, in_features: int, t: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x: [M, in] float32 -> (values [M, t] float32, indices [M, t] int64): each row's ``t``
+    largest of ``q8_0_matmul_int8(x, blocks, in_features, Q8_0X16)``, the same bits, in no
+    particular order, without the [M, out] logits ever being written (a top-k step's LM head).
+    Which of several equal values at the t-th place are kept is unspecified; ``t = 1`` is
+    torch.argmax's answer."""
     assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
     xq, xd = quantize_activations(x.contiguous())
-    out = torch.empty(x.shape[0], dtype=torch.int64)
+    vals = torch.empty(x.shape[0], t, dtype=torch.float32)
+    idx = torch.empty(x.shape[0], t, dtype=torch.int64)
     _k().matmul_q8_0x16_i8(blocks.data_ptr(), blocks.shape[0], in_features, xq.data_ptr(), xd.data_ptr(),
-                           x.shape[0], out.data_ptr(), torch.get_num_threads(), True)  # fmt: skip
-    return out
+                           x.shape[0], vals.data_ptr(), torch.get_num_threads(), t, idx.data_ptr())  # fmt: skip
+    return vals, idx
 
 
 def repack_q8_0x16(blocks: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -237,9 +249,21 @@ class GGUFLinear(nn.Module):
     def argmax(self, x: torch.Tensor) -> torch.Tensor | None:
         """x: [B, in] -> ``self(x).argmax(-1)`` [B] int64 without the [B, out] output, where the
         kernel can (8-bit activations on the regrouped Q8_0, no bias); None where it cannot."""
-        if not self.int8_activations or self.qtype != Q8_0X16 or self.bias is not None:
+        if not self.heap_kernel:
             return None
         return q8_0x16_argmax_int8(x.reshape(-1, self.in_features).float(), self.blocks, self.in_features)
+
+    def topk(self, x: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """x: [B, in] -> each row's ``t`` largest outputs and their indices ([B, t] each, in no
+        order) without the [B, out] output, where the kernel can; None where it cannot."""
+        if not self.heap_kernel or not 0 < t <= self.out_features:
+            return None
+        return q8_0x16_topk_int8(x.reshape(-1, self.in_features).float(), self.blocks, self.in_features, t)
+
+    @property
+    def heap_kernel(self) -> bool:
+        """Whether argmax/topk run in the kernel: 8-bit activations on the regrouped Q8_0, no bias."""
+        return self.int8_activations and self.qtype == Q8_0X16 and self.bias is None
 
     def extra_repr(self) -> str:
         layout = {Q8_0X16: " (in groups of 16 rows)"}.get(self.qtype, " (repacked)")

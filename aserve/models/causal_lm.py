@@ -133,13 +133,25 @@ class CausalLM(nn.Module):
         """h: [B, hidden] after the final norm -> ``logits(h).argmax(-1)`` [B] int64; on a CPU's
         int8 GGUF head without a soft-cap, from the kernel without writing the [B, vocab] logits
         (16 x 262k floats at 16 streams: a 16 MB write and read per step)."""
+        head = self._kernel_head()
+        tokens = head.argmax(h) if head is not None else None
+        return tokens if tokens is not None else self.logits(h).argmax(dim=-1)
+
+    def candidates(self, h: torch.Tensor, t: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """h: [B, hidden] after the final norm -> each row's ``t`` largest logits and their
+        token ids ([B, t] each, in no order; the same values as ``logits(h)``), from the int8
+        GGUF head's kernel without the [B, vocab] logits; None where the head cannot (the
+        caller takes ``logits(h)``)."""
+        head = self._kernel_head()
+        return head.topk(h, t) if head is not None else None
+
+    def _kernel_head(self) -> GGUFLinear | None:
+        """The GGUF head whose kernel may answer argmax/top-k without logits (no soft-cap)."""
         embed = self.model.embed_tokens
         head = embed.head if self.lm_head is None and isinstance(embed, GGUFEmbedding) else self.lm_head
-        if isinstance(head, GGUFLinear) and self.config.final_logit_softcapping is None:
-            tokens = head.argmax(h)
-            if tokens is not None:
-                return tokens
-        return self.logits(h).argmax(dim=-1)
+        if isinstance(head, GGUFLinear) and head.heap_kernel and self.config.final_logit_softcapping is None:
+            return head
+        return None
 
     def hidden(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv_cache: KVCache) -> torch.Tensor:
         """input_ids: [T] -> the final norm's output [T, hidden] (every position)."""

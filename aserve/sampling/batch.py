@@ -81,6 +81,8 @@ class SamplingBatch:
     # Largest top-k of any row (host value): lets a top-k-only batch use ``torch.topk``
     # instead of a full-vocab sort. 0 = unknown, which falls back to the sorting path.
     max_top_k: int = 0
+    # Every sampled row has a top-k (the head may then hand over its top candidates only).
+    all_top_k: bool = False
 
     def tensors(self) -> dict[str, Tensor]:
         """The tensor fields by name (what an upload to the device moves)."""
@@ -175,4 +177,5 @@ def make_sampling_batch(
         any_penalty=any_penalty,
         num_logprobs=max(requested) if requested else -1,
         max_top_k=max([0, *(top_ks[i] for i in sampled_rows)]),
+        all_top_k=all(top_ks[i] > 0 for i in sampled_rows),
     )

@@ -79,10 +79,15 @@ def _token_hash(vocab_size: int, device: torch.device) -> Tensor:
     cache_key = (vocab_size, str(device))
     cached = _TOKEN_HASH_CACHE.get(cache_key)
     if cached is None:
-        idx = torch.arange(vocab_size, dtype=torch.int64, device=device)
-        cached = _mix32(_mix32(idx) ^ _TOKEN_SALT)
+        cached = _ids_hash(torch.arange(vocab_size, dtype=torch.int64, device=device))
         _TOKEN_HASH_CACHE[cache_key] = cached
     return cached
+
+
+def _ids_hash(token_ids: Tensor) -> Tensor:
+    """The token hash of these ids (any shape, int64): ``_token_hash(V)[token_ids]`` for any
+    V above them."""
+    return _mix32(_mix32(token_ids) ^ _TOKEN_SALT)
 
 
 def _exp_noise(token_hash: Tensor, keys: Tensor) -> Tensor:
@@ -103,5 +108,5 @@ def uniform_noise(seeds: Tensor, steps: Tensor, token_ids: Tensor) -> Tensor:
     """The uniforms the sampler uses: ``U[b, j]`` for token ``token_ids[b, j]`` of a request
     with ``seeds[b]`` at ``steps[b]``. Exposed for tests and for debugging reproducibility.
     seeds/steps: [B] int64; token_ids: [B, N] int64 -> [B, N] float32 in (0, 1)."""
-    x = _mix32(_mix32(_mix32(token_ids) ^ _TOKEN_SALT) ^ _row_keys(seeds, steps)[:, None])
+    x = _mix32(_ids_hash(token_ids) ^ _row_keys(seeds, steps)[:, None])
     return ((x >> 9).to(torch.float32) + 0.5) * _INV_2_23

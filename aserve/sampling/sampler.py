@@ -31,7 +31,7 @@ from torch import Tensor
 
 from aserve.sampling.batch import SamplingBatch, SamplingParamsLike, make_sampling_batch
 from aserve.sampling.grammar import allowed_tokens
-from aserve.sampling.noise import _exp_noise, _row_keys, _token_hash, uniform_noise
+from aserve.sampling.noise import _exp_noise, _ids_hash, _row_keys, _token_hash, uniform_noise
 from aserve.sampling_params import GREEDY_TEMPERATURE
 
 # SamplingBatch, SamplingParamsLike, make_sampling_batch (batch.py) and uniform_noise (noise.py)
@@ -246,6 +246,59 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
             top_logprobs = raw_logprobs.new_empty((logits.shape[0], 0))
             top_ids = torch.empty((logits.shape[0], 0), dtype=torch.int64, device=device)
     return SampleOutput(token_ids, chosen_logprobs, top_ids, top_logprobs)
+
+
+# The head's top-k path hands the sampler each row's largest logits only: its top-k plus this
+# many more, so that a tie at the k-th place that runs past them is seen (and the step falls
+# back to the full logits) instead of being cut short.
+CANDIDATE_MARGIN = 16
+CANDIDATE_MAX_TOP_K = 256  # wider top-ks keep the full logits (the head's heaps grow with k)
+
+
+def candidate_width(batch: SamplingBatch | None) -> int:
+    """How many candidates per row ``sample_candidates`` needs for this batch (host flags
+    only), or 0 when the batch needs the full logits: some row samples without a top-k, or
+    with top-p, penalties, a logit bias, a grammar or logprobs, or every row is greedy (the
+    head's argmax covers that)."""
+    if batch is None or batch.all_greedy or not batch.all_top_k or batch.any_top_p or batch.any_penalty:
+        return 0
+    if batch.num_logprobs >= 0 or batch.bias_index is not None or batch.mask_rows is not None:
+        return 0
+    if not 0 < batch.max_top_k <= CANDIDATE_MAX_TOP_K:
+        return 0
+    return batch.max_top_k + CANDIDATE_MARGIN
+
+
+def sample_candidates(values: Tensor, ids: Tensor, batch: SamplingBatch) -> Tensor | None:
+    """``sample``'s tokens from each row's largest logits alone: values [B, C] float32 and
+    their token ids [B, C] (in any order; C = ``candidate_width(batch)``, from the head's
+    top-k kernel). Every token that ``sample`` could pick (the top-k after temperature, ties at
+    the k-th place included, then min-p) is among them when the smallest candidate falls
+    below the k-th value; then the race over the candidates in token-id order, with noise by
+    token id, is the race over the whole row, and the tokens are ``sample``'s. Returns None when
+    some row's candidates may miss a tie (the caller then samples from the full logits)."""
+    order = ids.argsort(dim=-1)  # token-id order: the race's first-index rule on ties holds
+    ids = ids.gather(1, order)
+    values = values.gather(1, order)
+    is_greedy = batch.temperature < _GREEDY_EPS  # [B]
+    temp = torch.where(is_greedy, torch.ones_like(batch.temperature), batch.temperature)
+    scaled = values / temp[:, None]  # the values ``sample`` scales, elementwise alike
+    # A greedy row keeps its maximum (k = 1); the others their top-k.
+    k_eff = torch.where(is_greedy, 1, batch.top_k.clamp(min=1, max=values.shape[1]))  # [B]
+    kmax = min(batch.max_top_k, values.shape[1])
+    kth = scaled.topk(kmax, dim=-1, sorted=True).values.gather(1, (k_eff.clamp(max=kmax) - 1)[:, None])  # [B, 1]
+    # Division by a positive temperature keeps the order (and may merge values): a token
+    # outside the candidates scales to at most the smallest candidate's value.
+    if not bool((scaled.min(dim=-1, keepdim=True).values < kth).all()) or bool(values.isnan().any()):
+        return None
+    keep = scaled >= kth
+    if batch.any_min_p:
+        row_max = scaled.max(dim=-1, keepdim=True).values
+        keep &= scaled >= row_max + torch.log(batch.min_p)[:, None]
+    winner = _race(scaled, keep, _ids_hash(ids), _row_keys(batch.seeds, batch.steps))  # [B] candidate positions
+    sampled = ids.gather(1, winner[:, None]).squeeze(1)
+    greedy = ids.gather(1, values.argmax(dim=-1, keepdim=True)).squeeze(1)  # the first id among equal maxima
+    return torch.where(is_greedy, greedy, sampled)
 
 
 def _sample_sorted(scaled: Tensor, batch: SamplingBatch, k_eff: Tensor, keys: Tensor, token_hash: Tensor) -> Tensor:

@@ -3,6 +3,7 @@ kernels: tests/kernels/test_q8_0_int8.py, tests/kernels/test_gguf_linear.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -90,3 +91,26 @@ async def test_greedy_steps_take_the_heads_argmax_and_the_same_tokens() -> None:
             with_logprobs = await engine.complete(PROMPTS[0], dataclasses.replace(params, logprobs=1))
             assert calls == seen
     assert plain.token_ids == with_logprobs.token_ids
+
+
+async def test_top_k_steps_sample_from_the_heads_candidates_and_draw_the_same_tokens() -> None:
+    """Seeded top-k requests (with a greedy one beside them) on the int8 head: their decode
+    steps sample from the kernel's candidates alone (no logits written); the same requests
+    asking for logprobs need the logits and take the full sampler. The draws are keyed by
+    seed, step and token id, so both give the same tokens."""
+    top_k = [aserve.SamplingParams(max_tokens=16, temperature=t, top_k=k, seed=s, ignore_eos=True)
+             for t, k, s in ((1.0, 40, 1), (0.7, 5, 2), (1.5, 100, 3))]  # fmt: skip
+    greedy = aserve.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+
+    async def run(logprobs: int | None) -> tuple[list[list[int]], int]:
+        params = [dataclasses.replace(q, logprobs=logprobs) for q in (*top_k, greedy)]
+        async with aserve.Engine(model="gemma-3-270m", gguf_head="int8", warmup=False) as engine:
+            alone = [await engine.complete(PROMPTS[i % 3], q) for i, q in enumerate(params[:3])]
+            together = await asyncio.gather(*(engine.complete(PROMPTS[i % 3], q) for i, q in enumerate(params)))
+            return [o.token_ids for o in (*alone, *together)], engine.runner.candidate_steps
+
+    candidates, steps = await run(None)
+    assert steps >= 3 * 15 + 15  # the decode steps of the runs alone and of the batch
+    full, no_steps = await run(0)
+    assert no_steps == 0
+    assert candidates == full

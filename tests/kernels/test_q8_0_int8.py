@@ -163,3 +163,30 @@ def test_argmax_without_logits_is_torch_argmax_of_the_logits(m: int) -> None:
         k.set_isa(best)
     zero = torch.zeros_like(grouped)  # every scale 0: all logits equal, the first index
     assert gl.q8_0x16_argmax_int8(x, zero, K).tolist() == [0] * m
+
+
+@pytest.mark.parametrize(("m", "t"), [(1, 17), (5, 66), (16, 272)])
+def test_topk_without_logits_holds_the_logits_top_values(m: int, t: int) -> None:
+    """The head's top-k entry (no logits written) against torch.topk of the same kernel's
+    logits: the values are the logits at the returned indices, bit for bit; they are the top
+    ``t`` values as a multiset; the indices are distinct. Over 1,024 rows (many chunks and
+    heaps merged), on the VNNI and the portable copy."""
+    k = gl.kernel()
+    assert k is not None
+    blocks = _random_blocks("Q8_0", 1024, K, seed=60 + m)
+    grouped = gl.repack_q8_0x16(blocks, K)
+    x = torch.randn(m, K, generator=torch.Generator().manual_seed(t))
+    best = k.isa()
+    try:
+        for isa in dict.fromkeys((best, "baseline")):
+            k.set_isa(isa)
+            logits = gl.q8_0_matmul_int8(x, grouped, K, gl.Q8_0X16)
+            vals, ids = gl.q8_0x16_topk_int8(x, grouped, K, t)
+            assert vals.shape == ids.shape == (m, t)
+            assert torch.equal(vals, logits.gather(1, ids)), isa
+            assert torch.equal(vals.sort(dim=1, descending=True).values, logits.topk(t, dim=1).values), isa
+            assert all(len(set(row)) == t for row in ids.tolist())
+    finally:
+        k.set_isa(best)
+    with pytest.raises(ValueError, match="top"):
+        gl.q8_0x16_topk_int8(x, grouped, K, 1025)

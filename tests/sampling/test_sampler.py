@@ -620,3 +620,77 @@ def test_cpu_chunked_race_equals_one_pass(monkeypatch: pytest.MonkeyPatch, kind:
     monkeypatch.setattr(sampler_mod, "_CPU_RACE_CHUNK", 512)  # 10 chunks, the last one partial
     chunked = sample(logits, batch).token_ids
     assert torch.equal(one_pass, chunked)
+
+
+# ------------------------------------------------------------------ the head's candidates
+
+
+def _candidates(logits: torch.Tensor, width: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top ``width`` logits and ids, shuffled (the head's kernel keeps no order)."""
+    vals, ids = logits.topk(width, dim=-1)
+    perm = torch.stack([torch.randperm(width, generator=torch.Generator().manual_seed(seed + r))
+                        for r in range(logits.shape[0])])  # fmt: skip
+    return vals.gather(1, perm), ids.gather(1, perm)
+
+
+def test_candidate_width_only_for_top_k_batches_that_read_nothing_else() -> None:
+    assert sampler_mod.candidate_width(build([P(top_k=40), P(temperature=0.0)])) == 40 + sampler_mod.CANDIDATE_MARGIN
+    assert sampler_mod.candidate_width(build([P(top_k=40, min_p=0.1), P(top_k=5)])) == 56
+    for params in (
+        [P(temperature=0.0)],  # all greedy: the head's argmax
+        [P(top_k=40), P()],  # a row without top-k
+        [P(top_k=40, top_p=0.9)],
+        [P(top_k=40, presence_penalty=0.5)],
+        [P(top_k=40, logprobs=0)],
+        [P(top_k=40, logit_bias=((3, 1.0),))],
+        [P(top_k=sampler_mod.CANDIDATE_MAX_TOP_K + 1)],
+    ):
+        assert sampler_mod.candidate_width(build(params)) == 0, params
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 2**31),
+    ks=st.lists(st.sampled_from([0, 1, 2, 5, 40, 100]), min_size=1, max_size=6),
+    temp=st.sampled_from([0.05, 0.7, 1.0, 1.5, 4.0]),
+    min_p=st.sampled_from([0.0, 0.05]),
+    coarse=st.booleans(),
+)
+def test_sampling_from_the_candidates_is_sampling_from_the_logits(
+    seed: int, ks: list[int], temp: float, min_p: float, coarse: bool
+) -> None:
+    """``sample_candidates`` on each row's top (k + margin) logits draws ``sample``'s tokens on
+    the full rows: greedy rows (k = 0 here) and top-k rows mixed, any temperature, min-p, and
+    coarse logits (quantized to steps of 0.5: many ties, some past the candidates, where it
+    must answer None rather than a different token)."""
+    g = torch.Generator().manual_seed(seed)
+    vocab = 3000
+    logits = torch.randn(len(ks), vocab, generator=g) * 3
+    if coarse:
+        logits = (logits * 2).round() / 2
+    params = [P(temperature=0.0) if k == 0 else P(temperature=temp, top_k=k, min_p=min_p) for k in ks]
+    if all(k == 0 for k in ks):
+        params[0] = P(temperature=temp, top_k=3)
+    batch = build(params, seeds=[seed + i for i in range(len(ks))], steps=[i * 7 for i in range(len(ks))])
+    width = sampler_mod.candidate_width(batch)
+    assert width == batch.max_top_k + sampler_mod.CANDIDATE_MARGIN
+    got = sampler_mod.sample_candidates(*_candidates(logits, width, seed), batch)
+    want = sample(logits, batch).token_ids
+    if got is None:  # only where a tie at some row's k-th value reaches the last candidate
+        scaled = logits / torch.where(batch.temperature > 0, batch.temperature, 1.0)[:, None]
+        top = scaled.topk(width, dim=-1).values
+        k_eff = torch.where(batch.temperature > 0, batch.top_k, 1)
+        assert bool((top[:, -1] == top.gather(1, (k_eff - 1)[:, None])[:, 0]).any())
+    else:
+        assert torch.equal(got, want)
+
+
+def test_a_tie_past_the_candidates_falls_back() -> None:
+    logits = torch.zeros(1, 500)
+    logits[0, :3] = torch.tensor([5.0, 4.0, 3.0])  # the 4th value onwards: 497 tokens tie at 0
+    batch = build([P(top_k=4)])
+    width = sampler_mod.candidate_width(batch)
+    assert sampler_mod.sample_candidates(*_candidates(logits, width, 0), batch) is None
+    batch = build([P(top_k=3)])  # the 3rd value is the last of its kind: exact
+    got = sampler_mod.sample_candidates(*_candidates(logits, sampler_mod.candidate_width(batch), 0), batch)
+    assert got is not None and torch.equal(got, sample(logits, batch).token_ids)
