@@ -7,7 +7,8 @@ every engine alike), the aggregate output tok/s of 16 concurrent
 streams (greedy, ignore_eos, 64 new tokens each, the same prompts everywhere) and the time to
 first token of a 512-token prompt. ``--top-k K``: every engine decodes by sampling instead
 (temperature 1, top-k K, nothing else; aserve's draws seeded), and ``aserve gguf, full logits``
-joins: the default engine with the LM head's top-k candidates off. Engines:
+joins: the default engine with the LM head's top-k candidates off; ``--top-k -1`` samples over
+the whole vocabulary. Engines:
 * ``aserve gguf``: the GGUF's own blocks on aserve's CPU kernel (``dtype="gguf"``);
 * ``aserve gguf, float32 head and prefill`` (``--exact``): the same with ``gguf_head`` and
   ``gguf_prefill`` float32 (the defaults take an 8-bit head and bfloat16 prefill matmuls on a
@@ -65,9 +66,10 @@ def long_prompt_ids(seed: int) -> list[int]:
 
 
 def _params(top_k: int, seed: int) -> aserve.SamplingParams:
-    """Greedy, or with ``top_k`` > 0 seeded sampling at temperature 1 with that top-k alone."""
-    if top_k > 0:
-        return aserve.SamplingParams(max_tokens=NEW, temperature=1.0, top_k=top_k, seed=seed, ignore_eos=True)
+    """Greedy (``top_k`` 0), or seeded sampling at temperature 1 with that top-k alone (``top_k``
+    > 0) or over the whole vocabulary (``top_k`` < 0)."""
+    if top_k != 0:
+        return aserve.SamplingParams(max_tokens=NEW, temperature=1.0, top_k=max(top_k, 0), seed=seed, ignore_eos=True)
     return aserve.SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
 
 
@@ -103,7 +105,7 @@ async def _aserve(dtype: str, threads: int, exact: bool = False, top_k: int = 0)
     }
 
 
-TOP_K = 0  # --top-k: every engine samples (temperature 1, this top-k) instead of greedy decoding
+TOP_K = 0  # --top-k: every engine samples (temperature 1, this top-k; < 0: none) instead of decoding greedily
 
 
 def _aserve_gguf(threads: int) -> dict[str, Any]:
@@ -178,7 +180,7 @@ def _transformers(threads: int) -> dict[str, Any]:
     def gen(enc: dict[str, torch.Tensor], n: int) -> float:
         t0 = time.perf_counter()
         with torch.inference_mode():
-            sampling: dict[str, Any] = {"do_sample": True, "top_k": TOP_K, "temperature": 1.0} if TOP_K > 0 else {}
+            sampling: dict[str, Any] = {"do_sample": True, "top_k": max(TOP_K, 0), "temperature": 1.0} if TOP_K else {}
             model.generate(**enc, max_new_tokens=n, min_new_tokens=n, **({"do_sample": False} | sampling))
         return time.perf_counter() - t0
 
@@ -211,7 +213,8 @@ def main() -> None:
                     help="add aserve gguf with gguf_head and gguf_prefill float32 (the exact path)")  # fmt: skip
     ap.add_argument("--top-k", type=int, default=0,
                     help="decode by seeded sampling, temperature 1 and this top-k (all engines), not greedily; "
-                         "adds aserve gguf with the full logits (the head's candidates off)")  # fmt: skip
+                         "-1: over the whole vocabulary. A top-k adds aserve gguf with the full logits "
+                         "(the head's candidates off)")  # fmt: skip
     args = ap.parse_args()
     global TOP_K
     TOP_K = args.top_k
@@ -243,7 +246,7 @@ def main() -> None:
         "aserve": aserve.__version__,
         "model": "gemma-3-270m Q4_K_M GGUF",
         "new_tokens": NEW,
-        "decoding": f"seeded sampling, temperature 1, top_k {TOP_K}" if TOP_K > 0 else "greedy",
+        "decoding": "greedy" if TOP_K == 0 else f"seeded sampling, temperature 1, top_k {max(TOP_K, 0)} (0: off)",
         "long_prompt_tokens": LONG_PROMPT,
         "load_average_after": os.getloadavg(),
         "rows": rows,

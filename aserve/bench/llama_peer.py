@@ -11,8 +11,9 @@ with the environment the user started the benchmark with.
 
 stdin: ``{"prompt": text, "long_prompts": [[ids], ...]}`` (the text tokenized by llama.cpp, BOS first); stdout, last line: one JSON object
 (seconds for each of RUNS decodes of NEW - 1 tokens after the prompt, after a warm-up, and each
-long prompt's time to its first token). TOP_K > 0: the decodes sample (temperature 1, that
-top-k, nothing else: llama.cpp's sampler chain on the step's logits) instead of the argmax.
+long prompt's time to its first token). TOP_K other than 0: the decodes sample (temperature 1,
+that top-k, or with TOP_K < 0 none, and nothing else: llama.cpp's sampler chain on the step's
+logits) instead of taking the argmax.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def main() -> None:
     llm = Llama(model, n_ctx=2048, n_batch=n_batch, n_threads=threads, n_threads_batch=threads, verbose=False)
 
     def pick() -> int:
-        if top_k > 0:
-            return int(llm.sample(top_k=top_k, top_p=1.0, min_p=0.0, temp=1.0))
+        if top_k:
+            return int(llm.sample(top_k=max(top_k, 0), top_p=1.0, min_p=0.0, temp=1.0))
         return int(np.argmax(llm.scores[llm.n_tokens - 1]))
 
     def generate(ids: list[int], n: int) -> tuple[float, float]:

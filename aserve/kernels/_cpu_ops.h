@@ -119,6 +119,29 @@ static inline __attribute__((always_inline)) ops_v16 ops_exp(ops_v16 x) {
     return p * (ops_v16)e;
 }
 
+/* The sampler's uniforms (aserve/sampling/noise.py): for row r < b and token i < n,
+ * u[r * n + i] = ((mix32(h[r * hs + i] ^ k[r]) >> 9) + 0.5) / 2^23, with h the tokens' hashes
+ * (one row shared, hs = 0, or a row each, hs = n) and k the rows' keys (32-bit values in int64). Integer arithmetic and an exact float conversion: the
+ * same bits as the torch ops there. */
+static inline uint32_t ops_mix32(uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7FEB352Du;
+    x ^= x >> 15;
+    x *= 0x21F0AAADu;
+    return x ^ (x >> 16);
+}
+
+OPS_CLONES static void ops_race_uniforms(const int64_t *h, int64_t n, int64_t hs, const int64_t *k, int64_t b,
+                                         float *u) {
+    for (int64_t r = 0; r < b; r++) {
+        const uint32_t key = (uint32_t)k[r];
+        const int64_t *hr = h + r * hs;
+        float *o = u + r * n;
+        for (int64_t i = 0; i < n; i++)
+            o[i] = ((float)(ops_mix32((uint32_t)hr[i] ^ key) >> 9) + 0.5f) * (1.0f / 8388608.0f);
+    }
+}
+
 /* y = act(g) * u over n floats (n a multiple of 16): act 1 GELU with the tanh approximation,
  * 0.5 g (1 + tanh z) with z = sqrt(2 / pi) (g + 0.044715 g^3), taken as g / (1 + e^-2z) (the
  * same function, without 1 + tanh's cancellation where tanh z is near -1), else SiLU

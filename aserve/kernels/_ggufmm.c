@@ -1024,6 +1024,19 @@ static PyObject *py_add_rmsnorm(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* race_uniforms(h, n, hs, k, b, u): the sampler's uniforms [b, n] float32 for token hashes (a
+ * row of n shared, hs = 0, or b rows, hs = n) and b row keys (int64 values below 2^32) */
+static PyObject *py_race_uniforms(PyObject *self, PyObject *args) {
+    unsigned long long hp, kp, up;
+    long long n, hs, b;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLLKLK", &hp, &n, &hs, &kp, &b, &up)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ops_race_uniforms((const int64_t *)(uintptr_t)hp, n, hs, (const int64_t *)(uintptr_t)kp, b, PTR(up));
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* gated(g, u, y, n, act): y = act(g) * u, act 1 GELU (tanh), 0 SiLU; n a multiple of 16 */
 static PyObject *py_gated(PyObject *self, PyObject *args) {
     unsigned long long gp, up, yp;
@@ -1393,6 +1406,7 @@ static PyMethodDef methods[] = {
     {"add_rmsnorm", py_add_rmsnorm, METH_VARARGS, "residual add (optionally of a normed x), then RMSNorm"},
     {"decoder_layers", py_decoder_layers, METH_VARARGS, "a decoder stack's step on a packed plan (pointers)"},
     {"layer_record_size", py_layer_record_size, METH_NOARGS, "bytes of one decoder_layers plan record"},
+    {"race_uniforms", py_race_uniforms, METH_VARARGS, "the sampler's uniforms for token hashes x row keys"},
     {"gated", py_gated, METH_VARARGS, "act(g) * u, GELU (tanh) or SiLU (pointers)"},
     {"rotary", py_rotary, METH_VARARGS, "NeoX rotary embedding (pointers)"},
     {"store_kv", py_store_kv, METH_VARARGS, "write K/V rows into their cache slots"},

@@ -25,6 +25,8 @@ different steps/seeds behave as independent.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -93,6 +95,16 @@ def _ids_hash(token_ids: Tensor) -> Tensor:
 def _exp_noise(token_hash: Tensor, keys: Tensor) -> Tensor:
     """Exp(1) noise for every (row, token). token_hash: [V] or [B, N] int64 hashes of the
     token indices involved; keys: [B] int64. Returns [B, N] float32, all finite and > 0."""
+    kernel = _cpu_kernel() if token_hash.device.type == "cpu" else None
+    if kernel is not None:
+        # The uniforms in one C loop (integer ops, then an exact conversion: the same bits as
+        # the torch ops below, which stream a dozen [B, N] int64 passes through memory).
+        hashes, keys = token_hash.contiguous(), keys.contiguous()
+        n = hashes.shape[-1]
+        noise = torch.empty(keys.shape[0], n, dtype=torch.float32)
+        kernel.race_uniforms(hashes.data_ptr(), n, n if hashes.dim() == 2 else 0, keys.data_ptr(), keys.shape[0],
+                             noise.data_ptr())  # fmt: skip
+        return noise.log_().neg_()
     x = token_hash ^ keys[:, None]  # [B, N] fresh int64 tensor we own
     scratch = torch.empty_like(x)
     _mix32_(x, scratch)
@@ -102,6 +114,13 @@ def _exp_noise(token_hash: Tensor, keys: Tensor) -> Tensor:
     noise = x.to(torch.float32)
     # U = (m + 0.5) / 2**23 in (0, 1); E = -log(U) in [6e-8, 16.6].
     return noise.add_(0.5).mul_(_INV_2_23).log_().neg_()
+
+
+def _cpu_kernel() -> Any:
+    """The C extension (its ``race_uniforms``), or None where it was not built."""
+    from aserve.kernels.gguf_linear import kernel
+
+    return kernel()
 
 
 def uniform_noise(seeds: Tensor, steps: Tensor, token_ids: Tensor) -> Tensor:

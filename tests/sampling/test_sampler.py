@@ -694,3 +694,23 @@ def test_a_tie_past_the_candidates_falls_back() -> None:
     batch = build([P(top_k=3)])  # the 3rd value is the last of its kind: exact
     got = sampler_mod.sample_candidates(*_candidates(logits, sampler_mod.candidate_width(batch), 0), batch)
     assert got is not None and torch.equal(got, sample(logits, batch).token_ids)
+
+
+@pytest.mark.skipif(noise_mod._cpu_kernel() is None, reason="the C extension is not built")
+def test_the_c_uniforms_are_the_torch_ops_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_exp_noise`` on a CPU takes its uniforms from one C loop; with the extension hidden it
+    runs the torch ops. Same bits, for a shared row of token hashes (the full race) and for a
+    row of hashes each (the head's candidates), keys at both ends of 32 bits included."""
+    vocab = 70_000
+    hashes = noise_mod._token_hash(vocab, torch.device("cpu"))
+    seeds = torch.tensor([0, 1, -1, 2**62 + 12345, -(2**40)], dtype=torch.int64)
+    keys = noise_mod._row_keys(seeds, torch.tensor([0, 7, 2**32 - 1, 5, 123456789]))
+    keys[0] = 0
+    keys[1] = 2**32 - 1
+    per_row = hashes[torch.randint(0, vocab, (5, 333), generator=torch.Generator().manual_seed(1))]
+    fast = [noise_mod._exp_noise(hashes, keys), noise_mod._exp_noise(per_row, keys)]
+    monkeypatch.setattr(noise_mod, "_cpu_kernel", lambda: None)
+    slow = [noise_mod._exp_noise(hashes, keys), noise_mod._exp_noise(per_row, keys)]
+    for f, s in zip(fast, slow, strict=True):
+        assert f.dtype == torch.float32 and torch.equal(f, s)
+        assert bool((f > 0).all()) and bool(f.isfinite().all())
