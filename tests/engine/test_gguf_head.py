@@ -114,3 +114,25 @@ async def test_top_k_steps_sample_from_the_heads_candidates_and_draw_the_same_to
     full, no_steps = await run(0)
     assert no_steps == 0
     assert candidates == full
+
+
+async def test_a_step_whose_candidates_may_miss_a_tie_samples_from_the_full_logits() -> None:
+    """Where ``sample_candidates`` cannot vouch for a row (a tie past the candidates: made to
+    happen at every step here), the runner hands the step's full logits to the sampler: the
+    same seeded tokens, every such step counted."""
+    from aserve.device import runner as runner_mod
+
+    params = aserve.SamplingParams(max_tokens=12, temperature=1.0, top_k=20, seed=5, ignore_eos=True)
+
+    async def run() -> tuple[list[int], int, int]:
+        async with aserve.Engine(model="gemma-3-270m", gguf_head="int8", warmup=False) as engine:
+            out = await engine.complete(PROMPTS[1], params)
+            return out.token_ids, engine.runner.candidate_steps, engine.runner.candidate_fallbacks
+
+    tokens, steps, fallbacks = await run()
+    assert steps >= 11 and fallbacks == 0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runner_mod, "sample_candidates", lambda *args: None)
+        tied, steps, fallbacks = await run()
+    assert steps == 0 and fallbacks >= 11
+    assert tied == tokens
