@@ -248,10 +248,14 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
     return SampleOutput(token_ids, chosen_logprobs, top_ids, top_logprobs)
 
 
-# The head's top-k path hands the sampler each row's largest logits only: its top-k plus this
-# many more, so that a tie at the k-th place that runs past them is seen (and the step falls
-# back to the full logits) instead of being cut short.
+# The head's top-k path hands the sampler each row's largest logits only: its top-k plus at
+# least this many more, so that a tie at the k-th place that runs past them is seen (and the
+# step falls back to the full logits) instead of being cut short. The width is a multiple of
+# CANDIDATE_ALIGN: torch's CPU exp and log take their vector code in blocks and a scalar loop
+# for a remainder, and the full race's chunks (rows of 16,384) never have one, so neither do
+# the candidates: their weights are computed by the same code, bit for bit.
 CANDIDATE_MARGIN = 16
+CANDIDATE_ALIGN = 64
 CANDIDATE_MAX_TOP_K = 256  # wider top-ks keep the full logits (the head's heaps grow with k)
 
 
@@ -266,7 +270,7 @@ def candidate_width(batch: SamplingBatch | None) -> int:
         return 0
     if not 0 < batch.max_top_k <= CANDIDATE_MAX_TOP_K:
         return 0
-    return batch.max_top_k + CANDIDATE_MARGIN
+    return -(-(batch.max_top_k + CANDIDATE_MARGIN) // CANDIDATE_ALIGN) * CANDIDATE_ALIGN
 
 
 def sample_candidates(values: Tensor, ids: Tensor, batch: SamplingBatch) -> Tensor | None:
