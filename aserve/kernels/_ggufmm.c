@@ -793,14 +793,15 @@ static void repack_q8_0x16(const uint8_t *src, int64_t n, int64_t k, uint8_t *ds
 }
 
 /* A Q8_0X16 call's own arguments: the rows' 128 * sum(xq) per block; with top > 0, the call
- * keeps no logits but, per chunk and row of x, the top largest logits and their indices in a
- * min-heap (best / idx: [chunks, m, top], the worst at the root). top = 1 is the argmax: the
- * first index among equals, as torch.argmax. */
+ * keeps no logits but, per chunk and row of x, its largest logits and their indices in a
+ * min-heap of hcap = min(top, chunk rows) entries (best / idx: [chunks, m, hcap], the worst at
+ * the root), merged into each row's top after the job. top = 1 is the argmax: the first index
+ * among equals, as torch.argmax. */
 struct x16_ctx {
     const int32_t *xc;
     float *best;
     int64_t *idx;
-    int64_t top;
+    int64_t top, hcap;
 };
 
 /* Whether logit v takes the place of the best so far, b: larger, or the first NaN (the largest,
@@ -833,10 +834,10 @@ static inline __attribute__((always_inline)) void x16_out(const struct job *j, i
         memcpy(j->y + r * j->n + 16 * g, v, 16 * sizeof(float));
         return;
     }
-    const int64_t at = ((start / j->chunk_rows) * j->m + r) * c->top;
+    const int64_t at = ((start / j->chunk_rows) * j->m + r) * c->hcap;
     float *hv = c->best + at;
     int64_t *hi = c->idx + at;
-    for (int l = 0; l < 16; l++) x16_push(hv, hi, c->top, v[l], 16 * g + l);
+    for (int l = 0; l < 16; l++) x16_push(hv, hi, c->hcap, v[l], 16 * g + l);
 }
 
 /* Rows start .. end (multiples of 16) of y, portable: the same sums in plain loops. */
@@ -1248,8 +1249,9 @@ static PyObject *py_repack_q8_0x16(PyObject *self, PyObject *args) {
 /* matmul_q8_0x16_i8(w_ptr, n, k, xq_ptr, xd_ptr, m, y_ptr, threads[, top, idx_ptr]):
  * matmul_q8_0_i8 on a Q8_0X16 weight (n a multiple of 16), the same bits. With top > 0 the
  * logits are not kept: y_ptr is float32 [m, top], each row's top largest logits (in no order)
- * and idx_ptr int64 [m, top] their indices. top = 1 gives torch.argmax's answer on them (the
- * first index among equal maxima). */
+ * and idx_ptr int64 [m, top] their indices; a logit of -inf may be left out (its slot: -inf at
+ * index -1). top = 1 gives torch.argmax's answer on them (the first index among equal
+ * maxima). */
 static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
     int threads;
     unsigned long long wp, qp, dp, yp, ip = 0;
@@ -1259,15 +1261,16 @@ static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
     if (k <= 0 || k % 32 != 0 || m <= 0 || n % 16 != 0 || n <= 0)
         return PyErr_Format(PyExc_ValueError, "matmul_q8_0x16_i8: k = %lld (a multiple of 32), m = %lld > 0, n = %lld "
                             "(a positive multiple of 16)", k, m, n);
-    if (top < 0 || top > n || (top > 0 && ip == 0))
+    if (top < 0 || top > n || (top > 0) != (ip != 0))
         return PyErr_Format(PyExc_ValueError, "matmul_q8_0x16_i8: top = %lld must lie in 0 .. n = %lld, with an index "
-                            "buffer when positive", top, n);
+                            "buffer exactly when positive", top, n);
     const int64_t nb = k / 32, chunk_rows = chunk_rows_for(n, 16, threads), chunks = (n + chunk_rows - 1) / chunk_rows;
-    struct x16_ctx c = {NULL, NULL, NULL, top};
+    const int64_t hcap = top < chunk_rows ? top : chunk_rows;
+    struct x16_ctx c = {NULL, NULL, NULL, top, hcap};
     int32_t *xc = malloc((size_t)(m * nb) * sizeof(int32_t));
     if (top) {
-        c.best = malloc((size_t)(chunks * m * top) * sizeof(float));
-        c.idx = malloc((size_t)(chunks * m * top) * sizeof(int64_t));
+        c.best = malloc((size_t)(chunks * m * hcap) * sizeof(float));
+        c.idx = malloc((size_t)(chunks * m * hcap) * sizeof(int64_t));
     }
     if (xc == NULL || (top && (c.best == NULL || c.idx == NULL))) {
         free(xc);
@@ -1281,11 +1284,10 @@ static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
         for (int e = 0; e < 32; e++) s += xq[32 * i + e];
         xc[i] = 128 * s;
     }
-    for (int64_t ch = 0; ch < chunks; ch++) /* a chunk's first index stands for a row of -inf */
-        for (int64_t e = 0; e < m * top; e++) {
-            c.best[ch * m * top + e] = -INFINITY;
-            c.idx[ch * m * top + e] = ch * chunk_rows;
-        }
+    for (int64_t e = 0; e < chunks * m * hcap; e++) { /* empty slots: -inf at no index */
+        c.best[e] = -INFINITY;
+        c.idx[e] = -1;
+    }
     c.xc = xc;
     struct job j = {0};
     j.rowfn = i8x16_rows_portable;
@@ -1309,13 +1311,20 @@ static PyObject *py_matmul_q8_0x16_i8(PyObject *self, PyObject *args) {
         float *ov = (float *)(uintptr_t)yp;
         int64_t *oi = (int64_t *)(uintptr_t)ip;
         for (int64_t r = 0; r < m; r++) {
-            memcpy(ov + r * top, c.best + r * top, (size_t)top * sizeof(float));
-            memcpy(oi + r * top, c.idx + r * top, (size_t)top * sizeof(int64_t));
-            for (int64_t ch = 1; ch < chunks; ch++)
-                for (int64_t e = 0; e < top; e++) {
-                    const int64_t at = (ch * m + r) * top + e;
-                    x16_push(ov + r * top, oi + r * top, top, c.best[at], c.idx[at]);
+            float *hv = ov + r * top;
+            int64_t *hi = oi + r * top;
+            for (int64_t e = 0; e < top; e++) {
+                hv[e] = -INFINITY;
+                hi[e] = -1;
+            }
+            for (int64_t ch = 0; ch < chunks; ch++)
+                for (int64_t e = 0; e < hcap; e++) {
+                    const int64_t at = (ch * m + r) * hcap + e;
+                    if (c.idx[at] >= 0) x16_push(hv, hi, top, c.best[at], c.idx[at]);
                 }
+            /* Slots no logit beat (logits of -inf): as torch.argmax's first index of such a row, 0,
+             * for the argmax; -1 (no index) beside a top's real entries. */
+            if (top == 1 && hi[0] < 0) hi[0] = 0;
         }
     }
     free(xc);

@@ -144,9 +144,11 @@ def q8_0x16_topk_int8(
     """x: [M, in] float32 -> (values [M, t] float32, indices [M, t] int64): each row's ``t``
     largest of ``q8_0_matmul_int8(x, blocks, in_features, Q8_0X16)``, the same bits, in no
     particular order, without the [M, out] logits ever being written (a top-k step's LM head).
-    Which of several equal values at the t-th place are kept is unspecified; ``t = 1`` is
-    torch.argmax's answer."""
+    Which of several equal values at the t-th place are kept is unspecified, and a logit of -inf
+    may be left out (its slot: -inf at index -1); ``t = 1`` is torch.argmax's answer."""
     assert x.dtype == torch.float32 and x.device.type == "cpu", f"want float32 on CPU, got {x.dtype} on {x.device}"
+    if not 0 < t <= blocks.shape[0]:
+        raise ValueError(f"q8_0x16_topk_int8: t = {t} must lie in 1 .. {blocks.shape[0]} (the weight's rows)")
     xq, xd = quantize_activations(x.contiguous())
     vals = torch.empty(x.shape[0], t, dtype=torch.float32)
     idx = torch.empty(x.shape[0], t, dtype=torch.int64)

@@ -101,6 +101,7 @@ def _exp_noise(token_hash: Tensor, keys: Tensor) -> Tensor:
         # the torch ops below, which stream a dozen [B, N] int64 passes through memory).
         hashes, keys = token_hash.contiguous(), keys.contiguous()
         n = hashes.shape[-1]
+        assert hashes.dim() == 1 or hashes.shape[0] == keys.shape[0], "a row of hashes per key, or one shared"
         noise = torch.empty(keys.shape[0], n, dtype=torch.float32)
         kernel.race_uniforms(hashes.data_ptr(), n, n if hashes.dim() == 2 else 0, keys.data_ptr(), keys.shape[0],
                              noise.data_ptr())  # fmt: skip

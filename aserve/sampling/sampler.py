@@ -251,9 +251,9 @@ def sample(logits: Tensor, batch: SamplingBatch) -> SampleOutput:
 # The head's top-k path hands the sampler each row's largest logits only: its top-k plus at
 # least this many more, so that a tie at the k-th place that runs past them is seen (and the
 # step falls back to the full logits) instead of being cut short. The width is a multiple of
-# CANDIDATE_ALIGN: torch's CPU exp and log take their vector code in blocks and a scalar loop
-# for a remainder, and the full race's chunks (rows of 16,384) never have one, so neither do
-# the candidates: their weights are computed by the same code, bit for bit.
+# CANDIDATE_ALIGN, as the full race's chunks (rows of 16,384) are: torch 2.13's CPU exp and
+# log give an element the same bits wherever it sits (checked for remainders of 1-39 and
+# 1-7 threads), and the rounding keeps it so on a build whose remainder loop is scalar.
 CANDIDATE_MARGIN = 16
 CANDIDATE_ALIGN = 64
 CANDIDATE_MAX_TOP_K = 256  # wider top-ks keep the full logits (the head's heaps grow with k)
@@ -293,7 +293,8 @@ def sample_candidates(values: Tensor, ids: Tensor, batch: SamplingBatch) -> Tens
     kth = scaled.topk(kmax, dim=-1, sorted=True).values.gather(1, (k_eff.clamp(max=kmax) - 1)[:, None])  # [B, 1]
     # Division by a positive temperature keeps the order (and may merge values): a token
     # outside the candidates scales to at most the smallest candidate's value.
-    if not bool((scaled.min(dim=-1, keepdim=True).values < kth).all()) or bool(values.isnan().any()):
+    # Non-finite logits (NaN, or inf, whose exp(inf - inf) the races treat apart) go the full way.
+    if not bool((scaled.min(dim=-1, keepdim=True).values < kth).all()) or not bool(values.isfinite().all()):
         return None
     keep = scaled >= kth
     if batch.any_min_p:

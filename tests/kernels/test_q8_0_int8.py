@@ -165,19 +165,23 @@ def test_argmax_without_logits_is_torch_argmax_of_the_logits(m: int) -> None:
     assert gl.q8_0x16_argmax_int8(x, zero, K).tolist() == [0] * m
 
 
-@pytest.mark.parametrize(("m", "t"), [(1, 17), (5, 66), (16, 272)])
-def test_topk_without_logits_holds_the_logits_top_values(m: int, t: int) -> None:
+@pytest.mark.parametrize(("m", "t", "threads"), [(1, 17, 2), (5, 66, 2), (16, 272, 2), (3, 66, 16), (2, 1024, 3)])
+def test_topk_without_logits_holds_the_logits_top_values(m: int, t: int, threads: int) -> None:
     """The head's top-k entry (no logits written) against torch.topk of the same kernel's
     logits: the values are the logits at the returned indices, bit for bit; they are the top
-    ``t`` values as a multiset; the indices are distinct. Over 1,024 rows (many chunks and
-    heaps merged), on the VNNI and the portable copy."""
+    ``t`` values as a multiset; the indices are distinct. Over 1,024 rows with rows repeated
+    (ties, some at the t-th place), many chunks and heaps merged (at 16 threads a chunk's heap
+    is smaller than t; t = 1,024 is every row), on the VNNI and the portable copy."""
     k = gl.kernel()
     assert k is not None
     blocks = _random_blocks("Q8_0", 1024, K, seed=60 + m)
+    for dup in range(0, 1024, 7):
+        blocks[dup + 1 : dup + 3 if dup + 3 <= 1024 else 1024] = blocks[dup]  # runs of equal logits
     grouped = gl.repack_q8_0x16(blocks, K)
     x = torch.randn(m, K, generator=torch.Generator().manual_seed(t))
-    best = k.isa()
+    best, saved = k.isa(), torch.get_num_threads()
     try:
+        torch.set_num_threads(threads)
         for isa in dict.fromkeys((best, "baseline")):
             k.set_isa(isa)
             logits = gl.q8_0_matmul_int8(x, grouped, K, gl.Q8_0X16)
@@ -186,7 +190,13 @@ def test_topk_without_logits_holds_the_logits_top_values(m: int, t: int) -> None
             assert torch.equal(vals, logits.gather(1, ids)), isa
             assert torch.equal(vals.sort(dim=1, descending=True).values, logits.topk(t, dim=1).values), isa
             assert all(len(set(row)) == t for row in ids.tolist())
+            assert torch.equal(gl.q8_0x16_argmax_int8(x, grouped, K), logits.argmax(-1)), isa
     finally:
         k.set_isa(best)
-    with pytest.raises(ValueError, match="top"):
-        gl.q8_0x16_topk_int8(x, grouped, K, 1025)
+        torch.set_num_threads(saved)
+    for bad in (0, 1025):
+        with pytest.raises(ValueError, match="t = "):
+            gl.q8_0x16_topk_int8(x, grouped, K, bad)
+    with pytest.raises(ValueError, match="index buffer"):  # the C entry's own check (t = 0 with indices)
+        out = torch.empty(m, 1)
+        k.matmul_q8_0x16_i8(grouped.data_ptr(), 1024, K, 0, 0, m, out.data_ptr(), 1, 0, out.data_ptr())

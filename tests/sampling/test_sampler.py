@@ -637,6 +637,9 @@ def test_candidate_width_only_for_top_k_batches_that_read_nothing_else() -> None
     assert sampler_mod.candidate_width(build([P(top_k=40), P(temperature=0.0)])) == 64
     assert sampler_mod.candidate_width(build([P(top_k=40, min_p=0.1), P(top_k=5)])) == 64
     assert sampler_mod.candidate_width(build([P(top_k=49)])) == 128  # 49 + 16 rounded up to 64s
+    banned = make_sampling_batch([P(top_k=40)], [0], [0], [[]], [[]], "cpu", banned_list=[{1}])  # min_tokens
+    grammar = make_sampling_batch([P(top_k=40)], [0], [0], [[]], [[]], "cpu", masks=([0], None))  # split launch
+    assert sampler_mod.candidate_width(banned) == sampler_mod.candidate_width(grammar) == 0
     for params in (
         [P(temperature=0.0)],  # all greedy: the head's argmax
         [P(top_k=40), P()],  # a row without top-k
@@ -665,7 +668,7 @@ def test_sampling_from_the_candidates_is_sampling_from_the_logits(
     coarse logits (quantized to steps of 0.5: many ties, some past the candidates, where it
     must answer None rather than a different token)."""
     g = torch.Generator().manual_seed(seed)
-    vocab = 3000
+    vocab = 3000 if seed % 2 else 40_000  # one pass, or the CPU's chunked race (over 16,384)
     logits = torch.randn(len(ks), vocab, generator=g) * 3
     if coarse:
         logits = (logits * 2).round() / 2
@@ -684,6 +687,16 @@ def test_sampling_from_the_candidates_is_sampling_from_the_logits(
         assert bool((top[:, -1] == top.gather(1, (k_eff - 1)[:, None])[:, 0]).any())
     else:
         assert torch.equal(got, want)
+
+
+def test_non_finite_candidates_fall_back() -> None:
+    """inf: the full race's weight there is exp(inf - inf) = NaN, which never wins it, while an
+    argmax over the candidates would take it; NaN likewise. Both go the full way."""
+    logits = torch.randn(2, 20_000, generator=torch.Generator().manual_seed(3))
+    logits[0, 17_000] = float("inf")
+    logits[1, 123] = float("nan")
+    batch = build([P(top_k=40), P(top_k=40)])
+    assert sampler_mod.sample_candidates(*_candidates(logits, sampler_mod.candidate_width(batch), 0), batch) is None
 
 
 def test_a_tie_past_the_candidates_falls_back() -> None:
