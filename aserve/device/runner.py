@@ -28,12 +28,12 @@ from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
-from aserve.sampling.batch import SamplingBatch
 from aserve.sampling.grammar import GrammarState, fill_masks, mask_words
 from aserve.sampling.sampler import (
     SampleOutput,
     apply_masks_,
     candidate_width,
+    plain_greedy,
     prompt_logprobs,
     sample,
     sample_candidates,
@@ -204,17 +204,12 @@ class ModelRunner:
             backend=self.attention_backend,
         )
         with torch.inference_mode():
-            if self.device.type == "cpu" and not num_prompt_rows and _plain_greedy(dev.sbatch):
-                # Every row greedy, nothing else read from the logits: the head's argmax alone
-                # (CausalLM.greedy: on the int8 GGUF head the logits are never written).
-                tokens = self.model(input_ids, meta, self.pool.kv_cache, greedy=True)  # [B]
-                self._publish(dev, tokens)
-                return SampleOutput(tokens, None, None, None)
-            width = candidate_width(dev.sbatch) if self.device.type == "cpu" and not num_prompt_rows else 0
-            if width and isinstance(self.model, CausalLM):
-                # Every sampled row has a top-k and nothing else reads the logits: the head's
-                # top candidates alone, unless a tie at some row's k-th place runs past them.
-                return self._sample_candidates(self.model, input_ids, meta, dev, gathered, width)
+            model = self.model
+            if self.device.type == "cpu" and not num_prompt_rows and isinstance(model, CausalLM):
+                width = candidate_width(dev.sbatch)
+                if width or plain_greedy(dev.sbatch):
+                    # The sampler would read the logits for the drawn tokens alone: ask the head.
+                    return self._cpu_head(model, input_ids, meta, dev, gathered, width)
             logits = self.model(input_ids, meta, self.pool.kv_cache)  # [B + E, V]
             if not num_prompt_rows:
                 return _Logits(logits, gathered, None)
@@ -222,7 +217,7 @@ class ModelRunner:
             prompt = prompt_logprobs(logits[b:], f.plp_target, dev.plp_top)
         return _Logits(logits[:b], gathered, prompt)
 
-    def _sample_candidates(
+    def _cpu_head(
         self,
         model: CausalLM,
         input_ids: torch.Tensor,
@@ -231,19 +226,23 @@ class ModelRunner:
         gathered: torch.Tensor | None,
         width: int,
     ) -> SampleOutput | _Logits:
-        """A CPU step whose rows all sample with a top-k (or greedily), nothing else read from
-        the logits: ``sample_candidates`` on the head's top ``width`` per row (the int8 GGUF
-        head's kernel writes no [B, vocab] logits), the same tokens as ``sample``. Where the
-        head has no such kernel, or a tie may run past the candidates, the full logits go to
-        the sampler as on any step."""
-        assert dev.sbatch is not None
-        h = model.hidden(input_ids, meta, self.pool.kv_cache)[meta.logits_indices]
-        cand = model.candidates(h, width)
-        tokens = sample_candidates(*cand, dev.sbatch) if cand is not None else None
+        """A CPU step without prompt logprobs whose sampler would read the logits for the drawn
+        tokens alone: the head answers without writing the [B, vocab] logits (on the int8 GGUF
+        head; ``CausalLM.greedy`` / ``candidates``). Every row greedy (``width`` 0): its argmax.
+        Every sampled row with a top-k: ``sample_candidates`` on each row's top ``width``, the
+        same tokens as ``sample``; where the head has no such kernel, or a tie may run past the
+        candidates, the step's logits go to the sampler."""
+        h = model(input_ids, meta, self.pool.kv_cache, head=False)  # [B, hidden]
+        if not width:
+            tokens: torch.Tensor | None = model.greedy(h)  # [B]
+        else:
+            assert dev.sbatch is not None
+            cand = model.candidates(h, width)
+            tokens = sample_candidates(*cand, dev.sbatch) if cand is not None else None
+            self.candidate_steps += tokens is not None
+            self.candidate_fallbacks += cand is not None and tokens is None
         if tokens is None:
-            self.candidate_fallbacks += cand is not None
             return _Logits(model.logits(h), gathered, None)
-        self.candidate_steps += 1
         self._publish(dev, tokens)
         return SampleOutput(tokens, None, None, None)
 
@@ -424,15 +423,6 @@ def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:
     if dev.sbatch is None:
         return dataclasses.replace(dev, mask_bits=bits)
     return dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits))
-
-
-def _plain_greedy(sbatch: SamplingBatch | None) -> bool:
-    """Whether ``sample`` would return the logits' argmax and nothing else: every row greedy,
-    no logprobs, penalties, logit bias or grammar masks."""
-    return (
-        sbatch is not None and sbatch.all_greedy and sbatch.num_logprobs < 0 and not sbatch.any_penalty
-        and sbatch.bias_index is None and sbatch.mask_rows is None
-    )  # fmt: skip
 
 
 class _Logits(NamedTuple):

@@ -121,8 +121,8 @@ static inline __attribute__((always_inline)) ops_v16 ops_exp(ops_v16 x) {
 
 /* The sampler's uniforms (aserve/sampling/noise.py): for row r < b and token i < n,
  * u[r * n + i] = ((mix32(h[r * hs + i] ^ k[r]) >> 9) + 0.5) / 2^23, with h the tokens' hashes
- * (one row shared, hs = 0, or a row each, hs = n) and k the rows' keys (32-bit values in int64). Integer arithmetic and an exact float conversion: the
- * same bits as the torch ops there. */
+ * (one row shared, hs = 0, or a row each, hs = n) and k the rows' keys (32-bit values in
+ * int64). Integer arithmetic and an exact float conversion: the same bits as the torch ops. */
 static inline uint32_t ops_mix32(uint32_t x) {
     x ^= x >> 16;
     x *= 0x7FEB352Du;

@@ -119,15 +119,13 @@ class CausalLM(nn.Module):
         out: torch.Tensor | None = None,
         *,
         head_dtype: bool = False,
-        greedy: bool = False,
+        head: bool = True,
     ) -> torch.Tensor:
         # input_ids: [T] -> logits [B, vocab] float32 at meta.logits_indices (written into out if
-        # given; in the head's own dtype with head_dtype, see logits()); with greedy, their
-        # argmax [B] int64 instead (see greedy())
+        # given; in the head's own dtype with head_dtype, see logits()); with head=False the
+        # final norm's output there, [B, hidden], for the caller's head (greedy(), candidates())
         h = self.hidden(input_ids, meta, kv_cache)[meta.logits_indices]
-        if greedy:
-            return self.greedy(h)
-        return self.logits(h, out, head_dtype=head_dtype)
+        return self.logits(h, out, head_dtype=head_dtype) if head else h
 
     def greedy(self, h: torch.Tensor) -> torch.Tensor:
         """h: [B, hidden] after the final norm -> ``logits(h).argmax(-1)`` [B] int64; on a CPU's

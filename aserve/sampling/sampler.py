@@ -259,14 +259,26 @@ CANDIDATE_ALIGN = 64
 CANDIDATE_MAX_TOP_K = 256  # wider top-ks keep the full logits (the head's heaps grow with k)
 
 
+def _tokens_only(batch: SamplingBatch | None) -> bool:
+    """Whether ``sample`` reads the logits for the drawn tokens alone (host flags): no
+    logprobs, penalties, logit bias (``min_tokens`` included) or grammar masks."""
+    return (
+        batch is not None and batch.num_logprobs < 0 and not batch.any_penalty and batch.bias_index is None
+        and batch.mask_rows is None
+    )  # fmt: skip
+
+
+def plain_greedy(batch: SamplingBatch | None) -> bool:
+    """Whether ``sample`` returns the logits' argmax and nothing else (every row greedy)."""
+    return _tokens_only(batch) and batch is not None and batch.all_greedy
+
+
 def candidate_width(batch: SamplingBatch | None) -> int:
     """How many candidates per row ``sample_candidates`` needs for this batch (host flags
     only), or 0 when the batch needs the full logits: some row samples without a top-k, or
     with top-p, penalties, a logit bias, a grammar or logprobs, or every row is greedy (the
     head's argmax covers that)."""
-    if batch is None or batch.all_greedy or not batch.all_top_k or batch.any_top_p or batch.any_penalty:
-        return 0
-    if batch.num_logprobs >= 0 or batch.bias_index is not None or batch.mask_rows is not None:
+    if not _tokens_only(batch) or batch is None or batch.all_greedy or not batch.all_top_k or batch.any_top_p:
         return 0
     if not 0 < batch.max_top_k <= CANDIDATE_MAX_TOP_K:
         return 0
