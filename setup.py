@@ -1,7 +1,11 @@
-"""Builds aserve's one C extension, the CPU matmul on GGUF blocks (aserve/kernels/_ggufmm.c).
+"""Builds aserve's two C extensions, both optional: where no C compiler is found (or a build
+fails) the install still succeeds and aserve runs without it (and says so at start-up).
 
-It is optional: where no C compiler is found (or the build fails) the install still succeeds
-and the CPU path runs the dequantized float32 weights instead (aserve says so at start-up).
+* aserve/kernels/_ggufmm.c: the CPU matmul on GGUF blocks and the CPU step's small ops; without
+  it the CPU path runs the dequantized float32 weights;
+* aserve/sampling/_grammar_tokens.c: the grammar engine's tokenizer callback in C; without it
+  llguidance calls back into Python and a step's masks are filled one by one.
+
 Everything else is in pyproject.toml.
 """
 
@@ -18,13 +22,13 @@ class OptionalBuildExt(build_ext):
         try:
             super().run()
         except Exception as exc:  # no compiler, no Python headers
-            print(f"aserve: skipped the GGUF CPU kernel ({exc}); the CPU path will use float32", file=sys.stderr)
+            print(f"aserve: skipped the C extensions ({exc}); aserve runs without them", file=sys.stderr)
 
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except Exception as exc:
-            print(f"aserve: could not build {ext.name} ({exc}); the CPU path will use float32", file=sys.stderr)
+            print(f"aserve: could not build {ext.name} ({exc}); aserve runs without it", file=sys.stderr)
 
 
 ggufmm = Extension(
@@ -37,4 +41,12 @@ ggufmm = Extension(
     optional=True,
 )
 
-setup(ext_modules=[ggufmm], cmdclass={"build_ext": OptionalBuildExt})
+grammar_tokens = Extension(
+    "aserve.sampling._grammar_tokens",
+    sources=["aserve/sampling/_grammar_tokens.c"],
+    extra_compile_args=["-O2", "-pthread", "-std=gnu11"],
+    extra_link_args=["-pthread"],
+    optional=True,
+)
+
+setup(ext_modules=[ggufmm, grammar_tokens], cmdclass={"build_ext": OptionalBuildExt})

@@ -31,8 +31,8 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -66,13 +66,19 @@ def mask_words(vocab_size: int) -> int:
 class Grammars:
     """The engine's grammar compiler: an llguidance tokenizer and compiled-grammar cache."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, native_tokens: bool | None = None) -> None:
+        """``native_tokens``: give llguidance the C tokenizer table when the extension is built
+        (None: unless ``ASERVE_GRAMMAR_TOKENS=python``; False: always the Python callback)."""
         self.vocab_size = vocab_size
+        if native_tokens is None:
+            native_tokens = os.environ.get("ASERVE_GRAMMAR_TOKENS", "") != "python"
+        self.native_tokens = native_tokens
+        self.token_table: Any = None  # the C table's capsule, when llguidance calls it
         self._tokenizer = tokenizer
         self._ll_tokenizer: Any = None
         self._error: BaseException | None = None
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, str], _Compiled] = OrderedDict()  # compiled grammars by key
         self.masks = MaskCache()  # this vocabulary's masks by grammar and committed prefix
 
     def _build(self) -> None:
@@ -99,22 +105,50 @@ class Grammars:
                 return greedy(text)
 
             special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
+            eos = list(tok.eos_token_ids)
+            native = _native_tokens() if self.native_tokens else None
+            if native is not None:
+                # The C table (aserve/sampling/_grammar_tokens.c) answers llguidance's calls
+                # without the GIL once a fragment is known, so a step's masks can be computed
+                # on several threads. llguidance takes it through its llama.cpp form, which
+                # reads the vocabulary as given: marked as its Python form marks it (special
+                # tokens prefixed with 0xFF, the first end-of-sequence token empty, padded to
+                # the model's vocabulary), so both forms compute the same masks (tested).
+                specials = set(special)
+                marked = [b"\xff" + b if i in specials and not b.startswith(b"\xff") else b
+                          for i, b in enumerate(token_bytes)]  # fmt: skip
+                marked[eos[0] if eos else 0] = b""
+                marked += [b""] * (self.vocab_size - len(marked))
+                table = native.new(_encode, 4096)
+                self._ll_tokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]  # not in its stub
+                    tokens=marked,
+                    vocab_ptr=native.address(table),
+                    tokenize_fptr=native.tokenize_fptr(),
+                    eos_token=eos or [0],
+                )
+                self.token_table = table
+            else:
 
-            class _Vocab:  # what llguidance.TokenizerWrapper reads
-                eos_token_id = tok.eos_token_ids[0] if tok.eos_token_ids else 0
-                bos_token_id = tok.bos_token_id
-                tokens = token_bytes
-                special_token_ids = special
+                class _Vocab:  # what llguidance.TokenizerWrapper reads
+                    eos_token_id = eos[0] if eos else 0
+                    bos_token_id = tok.bos_token_id
+                    tokens = token_bytes
+                    special_token_ids = special
 
-                def __call__(self, text: bytes) -> list[int]:
-                    return list(_encode(text))
+                    def __call__(self, text: bytes) -> list[int]:
+                        return list(_encode(text))
 
-            self._ll_tokenizer = llguidance.LLTokenizer(
-                llguidance.TokenizerWrapper(_Vocab()), n_vocab=self.vocab_size, eos_token=list(tok.eos_token_ids)
-            )
+                self._ll_tokenizer = llguidance.LLTokenizer(
+                    llguidance.TokenizerWrapper(_Vocab()), n_vocab=self.vocab_size, eos_token=eos
+                )
         except Exception as exc:  # reported to every request that needs it
             self._error = exc
-        log.info("grammar_tokenizer_built", seconds=round(time.perf_counter() - t0, 3), error=self._error)
+        log.info(
+            "grammar_tokenizer_built",
+            seconds=round(time.perf_counter() - t0, 3),
+            native=self.token_table is not None,
+            error=self._error,
+        )
 
     def _ll(self) -> Any:
         with self._lock:
@@ -126,30 +160,72 @@ class Grammars:
             ) from self._error
         return self._ll_tokenizer
 
-    def state(self, spec: StructuredOutputs) -> GrammarState:
-        """A fresh request's state for ``spec``, or :class:`InvalidRequestError`."""
-        return GrammarState(self.matcher(spec), self.vocab_size, self.masks, spec.key)
+    def state(self, spec: StructuredOutputs, filler: MaskFiller | None = None) -> GrammarState:
+        """A fresh request's state for ``spec``, or :class:`InvalidRequestError`. A grammar's
+        requests take its templates in turn (:meth:`matcher`), one per thread of ``filler``
+        (the engine's :data:`MASK_FILLER` unless given)."""
+        filler = MASK_FILLER if filler is None else filler
+        shards = filler.threads if filler.kind == "executor" and self.token_table is not None else 1
+        compiled = self._compiled(spec)
+        shard = compiled.turn % shards
+        compiled.turn += 1
+        return GrammarState(self.matcher(spec, shard), self.vocab_size, self.masks, spec.key, self.token_table, shard)
 
-    def matcher(self, spec: StructuredOutputs) -> Any:
-        """A fresh ``llguidance.LLMatcher`` for ``spec``, or :class:`InvalidRequestError`."""
+    def matcher(self, spec: StructuredOutputs, shard: int = 0) -> Any:
+        """A fresh ``llguidance.LLMatcher`` for ``spec`` (a copy of its template number
+        ``shard``), or :class:`InvalidRequestError`.
+
+        Copies of one compiled matcher share its lexer behind one lock (llguidance's parser
+        keeps it in an ``Arc<Mutex<..>>`` that ``deep_copy`` shares), so their masks cannot be
+        computed at the same time: two threads filling copies of one template ran 2.4x slower
+        than one thread on this project's 2-core VM, copies of two templates, one per thread,
+        2x faster (docs/benchmarks.md, "Issue 16: the lock behind the mask fill"). A grammar
+        therefore has up to one template per fill thread, each compiled on first use."""
+        import llguidance
+
+        compiled = self._compiled(spec)
+        while len(compiled.templates) <= shard:
+            compiled.templates.append(llguidance.LLMatcher(self._ll(), compiled.grammar, log_level=0))
+        return compiled.templates[shard].deep_copy()
+
+    def _compiled(self, spec: StructuredOutputs) -> _Compiled:
         import llguidance
 
         key = spec.key
-        template = self._cache.get(key)
-        if template is None:
+        compiled = self._cache.get(key)
+        if compiled is None:
             grammar = _grammar_text(spec)
-            template = llguidance.LLMatcher(self._ll(), grammar, log_level=0)
-            if template.is_error():
+            first = llguidance.LLMatcher(self._ll(), grammar, log_level=0)
+            if first.is_error():
                 raise InvalidRequestError(
-                    f"structured_outputs: cannot compile the {key[0]}: {template.get_error()}",
+                    f"structured_outputs: cannot compile the {key[0]}: {first.get_error()}",
                     param="structured_outputs",
                 )
-            self._cache[key] = template
+            compiled = self._cache[key] = _Compiled(grammar, [first])
             if len(self._cache) > _CACHE_SIZE:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
-        return template.deep_copy()
+        return compiled
+
+
+@dataclass
+class _Compiled:
+    """A grammar's text, its templates (pristine matchers; requests get deep copies) and the
+    number of requests that took one (the next takes ``templates[turn % threads]``)."""
+
+    grammar: str
+    templates: list[Any]
+    turn: int = 0
+
+
+def _native_tokens() -> Any:
+    """The C tokenizer table's module, or None where the extension was not built."""
+    try:
+        from aserve.sampling import _grammar_tokens  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _grammar_tokens
 
 
 def _grammar_text(spec: StructuredOutputs) -> str:
@@ -203,17 +279,29 @@ class GrammarState:
 
     While the output is at most :data:`MASK_CACHE_PREFIX` tokens long, ``prefix`` holds it:
     a matcher's state is a function of its grammar and the tokens it consumed, so its mask can
-    be looked up in ``cache`` by ``(key, prefix)`` instead of computed."""
+    be looked up in ``cache`` by ``(key, prefix)`` instead of computed.
 
-    __slots__ = ("cache", "key", "matcher", "prefix", "vocab_size")
+    ``token_table`` is set when the matcher's tokenizer is the C table, whose masks may be
+    computed on llguidance's threads (:class:`MaskFiller`)."""
+
+    __slots__ = ("cache", "key", "matcher", "prefix", "shard", "token_table", "vocab_size")
 
     def __init__(
-        self, matcher: Any, vocab_size: int, cache: MaskCache | None = None, key: tuple[str, str] | None = None
+        self,
+        matcher: Any,
+        vocab_size: int,
+        cache: MaskCache | None = None,
+        key: tuple[str, str] | None = None,
+        token_table: Any = None,
+        shard: int = 0,
     ) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
         self.cache = cache
         self.key = key
+        # The C table the matcher's tokenizer calls (kept alive with the matcher), if any.
+        self.token_table = token_table
+        self.shard = shard  # the template the matcher was copied from (Grammars.matcher)
         self.prefix: list[int] | None = [] if cache is not None and key is not None else None
 
     def advance(self, token: int) -> bool:
@@ -256,7 +344,6 @@ class MaskCache:
         # at once (numbers, free text) then cost one dict update a row, not a 32 KiB copy.
         self._seen: dict[tuple[Any, ...], int] = {}
         self._sightings = sightings
-        self._lock = threading.Lock()  # a threads:N fill stores from several threads
         self.hits = 0
         self.misses = 0
 
@@ -278,10 +365,9 @@ class MaskCache:
         return n > 1
 
     def put(self, key: tuple[Any, ...], mask: bytes) -> None:
-        with self._lock:
-            self._masks[key] = mask
-            if len(self._masks) > self.entries:
-                self._masks.popitem(last=False)
+        self._masks[key] = mask
+        if len(self._masks) > self.entries:
+            self._masks.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._masks)
@@ -291,8 +377,7 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     """[R, words] int32 host bitmasks of the tokens each state allows next (into ``out``, a
     contiguous host tensor of that shape, when given).
 
-    Through :data:`MASK_FILLER` (serial by default; llguidance computes a mask without the
-    GIL, so rows may be split over threads). A matcher that is stopped or failed (its request has ended;
+    Through :data:`MASK_FILLER`. A matcher that is stopped or failed (its request has ended;
     a split launch may still sample one more token for it, which is never committed) allows
     every token."""
     words = mask_words(states[0].vocab_size)
@@ -302,70 +387,92 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     return masks
 
 
-def _fill_rows(states: Sequence[GrammarState], first: int, stop: int, base: int, row_bytes: int) -> None:
-    for i in range(first, stop):
-        st = states[i]
-        m = st.matcher
-        dst = base + i * row_bytes
-        if m.is_stopped() or m.is_error():
-            ctypes.memset(dst, 0xFF, row_bytes)
-            continue
-        prefix, cache = st.prefix, st.cache
-        if prefix is None or cache is None:
-            m.unsafe_compute_mask_ptr(dst, row_bytes)
-            continue
-        key = (st.key, *prefix)
-        mask = cache.get(key)
-        if mask is not None:
-            ctypes.memmove(dst, mask, row_bytes)
-        else:
-            m.unsafe_compute_mask_ptr(dst, row_bytes)
-            if cache.met_again(key):
-                cache.put(key, ctypes.string_at(dst, row_bytes))
+_MIN_POOL_ROWS = 16
 
 
 class MaskFiller:
-    """Fills a step's masks on the calling thread (``serial``, the default) or over
-    ``threads:N`` threads, the caller's included, at least ``min_rows_per_thread`` rows each
-    (a thread's wake-up costs more than a row). ``ASERVE_MASK_FILL`` picks one.
+    """Fills a step's masks one row after another on the calling thread (``serial``) or, for
+    the rows the mask cache does not answer, in one GIL-free call on llguidance's pool of N
+    native threads (``executor:N``). ``ASERVE_MASK_FILL`` picks one; unset, the executor with
+    :func:`default_fill_threads` threads, or serial where that is one.
 
-    Serial is the default because it measured best on the H200 (docs/benchmarks.md, "The host
-    step again ... issue 16"), with the greedy graph path too: 0.50x / 0.38x the free run at
-    batch 64 / 256, against 0.53x / 0.30x on 2 threads and 0.41x / 0.23x on 4, although the
-    binding drops the GIL around each mask; llguidance's own executor measured worse as well."""
+    The executor needs the C tokenizer table (``GrammarState.token_table``): with the Python
+    tokenizer every pool thread takes the GIL for the bytes a grammar forces, and a pool of
+    them measured slower than the serial loop (docs/benchmarks.md, "Mask fill without the
+    GIL"); such steps are filled serially."""
 
-    def __init__(self, spec: str | None = None, min_rows_per_thread: int = 16) -> None:
+    def __init__(self, spec: str | None = None) -> None:
         spec = spec if spec is not None else os.environ.get("ASERVE_MASK_FILL", "")
         kind, _, n = spec.partition(":")
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        self.kind = kind or "serial"
-        if self.kind not in ("threads", "serial"):
-            raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (serial or threads:N)")
-        self.threads = 1 if self.kind == "serial" else max(1, int(n) if n else min(4, cpus - 1))
-        self.min_rows = min_rows_per_thread
-        self._pool: ThreadPoolExecutor | None = None
+        if spec == "":
+            self.threads = default_fill_threads()
+            kind = "serial" if self.threads == 1 else "executor"
+        elif spec == "serial":
+            self.threads = 1
+        elif kind == "executor" and (n == "" or (n.isdigit() and int(n) >= 1)):
+            self.threads = int(n) if n else max(2, default_fill_threads())
+        else:
+            raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (serial, executor or executor:N)")
+        self.kind = kind
+        self._executor: Any = None
         self._lock = threading.Lock()
 
-    def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
-        rows = len(states)
-        parts = min(self.threads, rows // self.min_rows) if self.threads > 1 else 1
-        if parts <= 1:
-            _fill_rows(states, 0, rows, base, row_bytes)
-        else:
-            pool = self._threads()
-            bounds = [rows * k // parts for k in range(parts + 1)]
-            futures = [
-                pool.submit(_fill_rows, states, bounds[k], bounds[k + 1], base, row_bytes) for k in range(1, parts)
-            ]
-            _fill_rows(states, 0, bounds[1], base, row_bytes)
-            for f in futures:
-                f.result()
+    @property
+    def spec(self) -> str:
+        return "serial" if self.kind == "serial" else f"executor:{self.threads}"
 
-    def _threads(self) -> ThreadPoolExecutor:
+    def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
+        compute: list[tuple[Any, int]] = []  # (matcher, row) for the pool
+        store: list[tuple[tuple[Any, ...], int]] = []  # (cache key, row) to keep once computed
+        # The pool's wake-up costs more than it saves below ~16 rows a thread (mask_fill bench).
+        pool = self.kind == "executor" and len(states) >= 2 * _MIN_POOL_ROWS and states[0].token_table is not None
+        for i, st in enumerate(states):
+            m = st.matcher
+            dst = base + i * row_bytes
+            if m.is_stopped() or m.is_error():
+                ctypes.memset(dst, 0xFF, row_bytes)
+                continue
+            prefix, cache = st.prefix, st.cache
+            key = None
+            if prefix is not None and cache is not None:
+                key = (st.key, *prefix)
+                mask = cache.get(key)
+                if mask is not None:
+                    ctypes.memmove(dst, mask, row_bytes)
+                    continue
+                if not cache.met_again(key):
+                    key = None
+            if pool:
+                compute.append((m, i))
+                if key is not None:
+                    store.append((key, i))
+            else:
+                m.unsafe_compute_mask_ptr(dst, row_bytes)
+                if key is not None:
+                    cast(MaskCache, cache).put(key, ctypes.string_at(dst, row_bytes))
+        if compute:
+            # Rows grouped by template: the pool hands each thread a contiguous run of the
+            # list, so a thread mostly takes its own template's lock (Grammars.matcher).
+            compute.sort(key=lambda mi: states[mi[1]].shard)
+            self._pool().unsafe_compute_mask_ptr(compute, base, row_bytes, len(states))
+            for key, i in store:
+                cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
+
+    def _pool(self) -> Any:
         with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="aserve-mask")
-            return self._pool
+            if self._executor is None:
+                import llguidance
+
+                self._executor = llguidance.LLExecutor(self.threads)
+            return self._executor
+
+
+def default_fill_threads() -> int:
+    """The executor's threads unless ``ASERVE_MASK_FILL`` says otherwise: a quarter of the
+    cores this process may run on, at most 8 (the rest plan, commit, serve and feed the
+    device); 1 (serial) below 8 cores, where the forward's own threads want them."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return min(8, cpus // 4) if cpus >= 8 else 1
 
 
 MASK_FILLER = MaskFiller()

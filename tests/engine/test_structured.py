@@ -193,6 +193,35 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -
 
 
 @pytest.mark.slow
+async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
+    """40 seeded sampled requests over the ten schemas: the engine filling its masks on
+    llguidance's pool (requests spread over two templates per grammar) draws the tokens it
+    draws with the serial fill. float32 steps, so a row's numbers do not depend on the batch."""
+    pytest.importorskip("aserve.sampling._grammar_tokens")
+    from aserve.sampling import grammar
+
+    jobs = [(PROMPTS[i % 4], _params(StructuredOutputs(json=SCHEMAS[i % 10]), seed=i)) for i in range(40)]
+    runs = {}
+    for spec in ("serial", "executor:2"):
+        filler = grammar.MaskFiller(spec)
+        monkeypatch.setattr(grammar, "MASK_FILLER", filler)
+        async with hosted_engine(model="gemma-3-270m", num_threads=2, gguf_prefill="float32") as eng:
+            outs = await _run_all(eng, jobs)
+            runs[spec] = [(o.token_ids, o.finish_reason) for o in outs]
+            for i, o in enumerate(outs):
+                assert o.finish_reason == "stop", (spec, i, o.text)
+                jsonschema.validate(json.loads(o.text), SCHEMAS[i % 10])
+            assert await _settled(eng)
+            if spec != "serial":
+                assert filler._executor is not None, "no step had enough constrained rows for the pool"
+                grammars = eng._admission.grammars
+                assert grammars is not None
+                templates = grammars._cache[StructuredOutputs(json=SCHEMAS[0]).key].templates
+                assert len(templates) == 2
+    assert runs["serial"] == runs["executor:2"]
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("split", ["1", "0"], ids=["split-launch", "lookahead-zero"])
 async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
     split: str, monkeypatch: pytest.MonkeyPatch

@@ -1,11 +1,12 @@
-"""The grammar masks of a finished matcher, and the greedy fallback for forced bytes
-(aserve/sampling/grammar.py)."""
+"""Grammar masks (aserve/sampling/grammar.py): a finished matcher's, the greedy fallback for
+forced bytes, the C tokenizer table against the Python callback, the executor against the
+serial fill, and the mask cache."""
 
 from __future__ import annotations
 
 import pytest
 
-from aserve.sampling.grammar import Grammars, _GreedyTokenizer, fill_masks
+from aserve.sampling.grammar import Grammars, _GreedyTokenizer, fill_masks, mask_words
 from aserve.sampling_params import StructuredOutputs
 
 pytest.importorskip("llguidance")
@@ -35,35 +36,192 @@ def test_greedy_tokenizer_takes_the_longest_match() -> None:
         greedy(b"x")
 
 
-def test_parallel_fill_equals_serial(grammars: Grammars) -> None:
-    """Rows split over threads (a stopped one among them) give the masks the loop's own
-    serial fill gives, row for row."""
+def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
+    """Rows filled in one call on llguidance's threads (copies of three templates, a stopped
+    row among them, the engine's mask cache on) get the masks cache-less rows in the same
+    states compute one by one; the masks the pool stored in the cache are those masks too."""
+    pytest.importorskip("aserve.sampling._grammar_tokens")
     import torch
 
-    from aserve.sampling.grammar import MaskFiller
+    from aserve.sampling.grammar import GrammarState, MaskCache, MaskFiller
 
+    filler = MaskFiller("executor:3")
+    grammars.masks = MaskCache()  # nothing cached by earlier tests
     specs = [
         StructuredOutputs(json={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}),
         StructuredOutputs(regex=r"[0-9]{3}-[a-z]+"),
         StructuredOutputs(choice=("yes", "no", "maybe")),
     ]
-    states = [grammars.state(specs[i % len(specs)]) for i in range(13)]
+    states = [grammars.state(specs[i % len(specs)], filler) for i in range(40)]
+    plain = [GrammarState(grammars.matcher(specs[i % len(specs)]), grammars.vocab_size) for i in range(40)]
     tok = grammars._tokenizer
-    for i, st in enumerate(states):  # different grammar states row by row
-        text = {0: '{"a": 1', 1: "12", 2: "ma"}[i % 3][: i // 3 + 1]
+    for i in range(40):  # different grammar states row by row, repeats among them
+        text = {0: '{"a": 1', 1: "12", 2: "ma"}[i % 3][: i // 3 % 7 + 1]
         for t in tok.encode(text):
-            st.advance(t)
+            assert states[i].advance(t) and plain[i].advance(t)
+    assert states[0].token_table is not None
+    # Rows take each grammar's templates in turn: copies of separately compiled matchers.
+    assert all({st.shard for st in states[k::3]} == {0, 1, 2} for k in range(3))
+    assert all(len({id(m) for m in grammars._cache[sp.key].templates}) == 3 for sp in specs)
     done = grammars.state(StructuredOutputs(choice=("yes",)))
     for t in tok.encode("yes"):
         done.advance(t)
     states.insert(5, done)
-    serial = fill_masks(states)
-    words = serial.shape[1]
-    parallel = torch.zeros_like(serial)
-    MaskFiller("threads:3", min_rows_per_thread=1).fill(states, parallel.data_ptr(), words * 4)
-    assert torch.equal(parallel, serial)
-    assert bool((parallel[5] == -1).all())
-    assert len({tuple(r.tolist()[:64]) for r in serial}) > 3, "the rows should differ"
+    plain.insert(5, done)
+    words = mask_words(grammars.vocab_size)
+    pooled = torch.zeros((len(states), words), dtype=torch.int32)
+    filler.fill(states, pooled.data_ptr(), words * 4)
+    assert filler._executor is not None, "the rows should have gone to llguidance's pool"
+    want = torch.zeros_like(pooled)
+    MaskFiller("serial").fill(plain, want.data_ptr(), words * 4)
+    assert torch.equal(pooled, want)
+    assert bool((pooled[5] == -1).all())
+    assert len({tuple(r.tolist()[:64]) for r in want}) > 3, "the rows should differ"
+    stored = len(grammars.masks)
+    assert stored > 0, "rows met twice should have stored their masks"
+    again = torch.zeros_like(pooled)  # now partly from the cache the pool filled
+    filler.fill(states, again.data_ptr(), words * 4)
+    assert torch.equal(again, want) and grammars.masks.hits >= stored
+    small = torch.zeros((8, words), dtype=torch.int32)  # too few rows for the pool: the loop
+    MaskFiller("executor:3").fill(states[:8], small.data_ptr(), words * 4)
+    assert torch.equal(small, want[:8])
+
+
+def test_the_fill_strategy_is_read_from_its_spec() -> None:
+    from aserve.sampling.grammar import MaskFiller, default_fill_threads
+
+    assert MaskFiller("serial").spec == "serial"
+    assert MaskFiller("executor:3").spec == "executor:3"
+    assert MaskFiller("executor").threads >= 2
+    assert MaskFiller("").threads == default_fill_threads()
+    for bad in ("threads:2", "executor:0", "executor:x", "serial:2", "fast"):
+        with pytest.raises(ValueError, match="ASERVE_MASK_FILL"):
+            MaskFiller(bad)
+
+
+def test_the_c_and_python_tokenizer_forms_compute_the_same_masks(grammars: Grammars) -> None:
+    """llguidance given the C tokenizer table (through its llama.cpp form) and given the
+    Python callback (its Python form) allow the same tokens at every step of seeded random
+    walks through JSON schemas, a regex, a choice and a Lark grammar on the default model's
+    vocabulary, and the table answers the fragments the grammars force."""
+    native = pytest.importorskip("aserve.sampling._grammar_tokens")
+    import random
+
+    import torch
+
+    from aserve.sampling.grammar import GrammarState, allowed_tokens
+
+    python_form = Grammars(grammars._tokenizer, grammars.vocab_size, native_tokens=False)
+    specs = [
+        StructuredOutputs(json={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}}),
+        StructuredOutputs(
+            json={
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                    "role": {"enum": ["admin", "user", "guest"]},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["name", "age", "role", "tags"],
+            }
+        ),
+        StructuredOutputs(json_object=True),
+        StructuredOutputs(regex=r"\(?[0-9]{3}\)? [0-9]{3}-[0-9]{4}"),
+        StructuredOutputs(choice=("positive", "negative", "neutral")),
+        StructuredOutputs(grammar='start: "SELECT " NAME (", " NAME)* " FROM " NAME\nNAME: /[a-z_]{1,12}/'),
+    ]
+    words = mask_words(grammars.vocab_size)
+    a = torch.empty((1, words), dtype=torch.int32)
+    b = torch.empty((1, words), dtype=torch.int32)
+    steps = 0
+    for k, spec in enumerate(specs):
+        for seed in range(3):
+            c_row = grammars.state(spec)
+            py_row = GrammarState(python_form.matcher(spec), grammars.vocab_size)
+            assert c_row.token_table is not None and py_row.token_table is None
+            rng = random.Random(100 * k + seed)
+            for _ in range(40):
+                if c_row.done:
+                    break
+                c_row.matcher.unsafe_compute_mask_ptr(a.data_ptr(), words * 4)
+                py_row.matcher.unsafe_compute_mask_ptr(b.data_ptr(), words * 4)
+                assert torch.equal(a, b), (spec, seed, steps)
+                ids = allowed_tokens(a, grammars.vocab_size)[0].nonzero().flatten()
+                t = int(ids[rng.randrange(len(ids))])
+                assert c_row.advance(t) and py_row.advance(t)
+                steps += 1
+    assert steps > 300, steps
+    hits, misses, entries = native.stats(grammars.token_table)
+    assert hits > 0 and 0 < entries <= misses, (hits, misses, entries)  # two threads may miss one fragment at once
+
+
+def test_the_token_table_answers_as_its_encoder_does() -> None:
+    """The C table returns its encoder's ids, from the table after the first call; says how
+    many ids a short buffer needed (llama_tokenize's contract); keeps at most its limit of
+    fragments and still answers past it; and answers the same from many threads at once."""
+    native = pytest.importorskip("aserve.sampling._grammar_tokens")
+    import threading
+
+    calls: list[bytes] = []
+
+    def encode(text: bytes) -> list[int]:
+        calls.append(text)
+        return [b + 1000 * i for i, b in enumerate(text)]
+
+    table = native.new(encode, 3)
+    assert native.tokenize(table, b"ab", 8) == (2, [97, 1098])
+    assert native.tokenize(table, b"ab", 8) == (2, [97, 1098])
+    assert calls == [b"ab"] and native.stats(table) == (1, 1, 1)
+    assert native.tokenize(table, b"abc", 2) == (-3, [])
+    assert native.tokenize(table, b"", 4) == (0, [])
+    for text in (b"x", b"y", b"z"):
+        assert native.tokenize(table, text, 4) == (1, [text[0]])
+    assert native.stats(table)[2] == 3  # the limit
+    assert native.tokenize(table, b"z", 4) == (1, [122]) and calls.count(b"z") == 2
+    assert native.tokenize_fptr() != 0 and native.address(table) != 0
+
+    many = native.new(encode, 64)
+    texts = [bytes([97 + i % 7]) * (1 + i % 5) for i in range(40)]
+    wrong: list[bytes] = []
+
+    def worker(offset: int) -> None:
+        for j in range(400):
+            text = texts[(offset + j) % len(texts)]
+            if native.tokenize(many, text, 16) != (len(text), [c + 1000 * i for i, c in enumerate(text)]):
+                wrong.append(text)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    hits, misses, entries = native.stats(many)
+    assert hits + misses == 6 * 400 and entries == len(set(texts))
+
+
+def test_a_failing_encoder_gives_no_tokens() -> None:
+    """An encoder that raises (a fragment no token spells) gives zero ids, reported as an
+    unraisable error, and is asked again next time (nothing stored)."""
+    native = pytest.importorskip("aserve.sampling._grammar_tokens")
+    import sys
+
+    seen: list[BaseException | None] = []
+
+    def encode(text: bytes) -> list[int]:
+        raise ValueError(f"no token spells {text!r}")
+
+    hook = sys.unraisablehook
+    sys.unraisablehook = lambda u: seen.append(u.exc_value)
+    try:
+        table = native.new(encode, 4)
+        assert native.tokenize(table, b"q", 4) == (0, [])
+        assert native.tokenize(table, b"q", 4) == (0, [])
+    finally:
+        sys.unraisablehook = hook
+    assert len(seen) == 2 and isinstance(seen[0], ValueError)
+    assert native.stats(table) == (0, 2, 0)
 
 
 def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> None:
