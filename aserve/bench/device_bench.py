@@ -177,7 +177,8 @@ def main() -> None:
         # How the masks were filled: the strategy (ASERVE_MASK_FILL) and whether llguidance
         # called the C tokenizer table (the pool needs it; see aserve/bench/mask_fill.py).
         c_tokens = grammar._native_tokens() is not None and os.environ.get("ASERVE_GRAMMAR_TOKENS") != "python"
-        results["mask_fill"] = {"spec": grammar.MASK_FILLER.spec, "c_tokens": c_tokens}
+        filler = grammar.MaskFiller.for_device("cuda" if args.device == "cuda" else "cpu")  # the engine's
+        results["mask_fill"] = {"spec": filler.spec, "c_tokens": c_tokens}
         for b in (int(x) for x in args.batches.split(",")):
             free = run_throughput(g, root, tok, args.device, bf16, b, plen, olen, True, b, opts)
             bound = run_throughput(g, root, tok, args.device, bf16, b, plen, olen, True, b, opts, structured=never_done)

@@ -44,7 +44,7 @@ from aserve.kv.allocator import LedgerView
 from aserve.logs import get_logger
 from aserve.outputs import CompletionResult, Delta
 from aserve.progress import phase
-from aserve.sampling.grammar import Grammars
+from aserve.sampling.grammar import Grammars, MaskFiller
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.policy import Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
@@ -155,7 +155,7 @@ class Engine:
             ),
             parts.tokenizer,
             cfg.seed,
-            Grammars(parts.tokenizer, parts.model_config.vocab_size),
+            Grammars(parts.tokenizer, parts.model_config.vocab_size, filler=MaskFiller.for_device(runner.device.type)),
         )
         await self._exit.enter_async_context(self._loop.running())
         log.info("engine_started", **self._started_fields())

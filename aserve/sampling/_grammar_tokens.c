@@ -65,7 +65,9 @@ static int32_t copy_out(const int32_t *ids, int32_t n, int32_t *out, int32_t max
 }
 
 /* encode(text) under the GIL, as a malloc'd array (*ids; NULL on failure, then 0 tokens: the
- * grammar engine then forces no token and computes the mask in full). */
+ * grammar engine then forces no token and computes the mask in full). A failure (the encoder
+ * raised, returned something else than ids in 0..INT32_MAX, or no memory) is reported through
+ * sys.unraisablehook. */
 static int32_t encode_with_python(Table *t, const char *text, int32_t len, int32_t **ids) {
     int32_t n = 0;
     *ids = NULL;
@@ -74,11 +76,16 @@ static int32_t encode_with_python(Table *t, const char *text, int32_t len, int32
     PyObject *seq = r ? PySequence_Fast(r, "encode must return a sequence of token ids") : NULL;
     if (seq) {
         Py_ssize_t size = PySequence_Fast_GET_SIZE(seq);
-        int32_t *buf = malloc(sizeof(int32_t) * (size_t)(size ? size : 1));
+        int32_t *buf = size <= INT32_MAX ? malloc(sizeof(int32_t) * (size_t)(size ? size : 1)) : NULL;
         bool ok = buf != NULL;
+        if (!ok) PyErr_NoMemory();
         for (Py_ssize_t i = 0; ok && i < size; i++) {
-            long v = PyLong_AsLong(PySequence_Fast_GET_ITEM(seq, i));
+            long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
             ok = !(v == -1 && PyErr_Occurred());
+            if (ok && (v < 0 || v > INT32_MAX)) {
+                PyErr_Format(PyExc_ValueError, "encode returned token id %lld, outside 0..2**31-1", v);
+                ok = false;
+            }
             if (ok) buf[i] = (int32_t)v;
         }
         if (ok) {
@@ -230,7 +237,11 @@ static PyObject *py_tokenize(PyObject *self, PyObject *args) {
     n = table_tokenize(t, text, (int32_t)len, out, max, false, false);
     Py_END_ALLOW_THREADS
     PyObject *ids = PyList_New(n > 0 ? n : 0);
-    for (int32_t i = 0; ids && i < n; i++) PyList_SET_ITEM(ids, i, PyLong_FromLong(out[i]));
+    for (int32_t i = 0; ids && i < n; i++) {
+        PyObject *v = PyLong_FromLong(out[i]);
+        if (!v) Py_CLEAR(ids);
+        else PyList_SET_ITEM(ids, i, v);
+    }
     free(out);
     if (!ids) return NULL;
     return Py_BuildValue("iN", (int)n, ids);

@@ -30,7 +30,7 @@ import os
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
@@ -66,10 +66,19 @@ def mask_words(vocab_size: int) -> int:
 class Grammars:
     """The engine's grammar compiler: an llguidance tokenizer and compiled-grammar cache."""
 
-    def __init__(self, tokenizer: Tokenizer, vocab_size: int, native_tokens: bool | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        native_tokens: bool | None = None,
+        filler: MaskFiller | None = None,
+    ) -> None:
         """``native_tokens``: give llguidance the C tokenizer table when the extension is built
-        (None: unless ``ASERVE_GRAMMAR_TOKENS=python``; False: always the Python callback)."""
+        (None: unless ``ASERVE_GRAMMAR_TOKENS=python``; False: always the Python callback).
+        ``filler``: how the requests' masks are filled (:data:`MASK_FILLER` unless given; an
+        engine passes :meth:`MaskFiller.for_device`)."""
         self.vocab_size = vocab_size
+        self.filler = MASK_FILLER if filler is None else filler
         if native_tokens is None:
             native_tokens = os.environ.get("ASERVE_GRAMMAR_TOKENS", "") != "python"
         self.native_tokens = native_tokens
@@ -108,26 +117,12 @@ class Grammars:
             eos = list(tok.eos_token_ids)
             native = _native_tokens() if self.native_tokens else None
             if native is not None:
-                # The C table (aserve/sampling/_grammar_tokens.c) answers llguidance's calls
-                # without the GIL once a fragment is known, so a step's masks can be computed
-                # on several threads. llguidance takes it through its llama.cpp form, which
-                # reads the vocabulary as given: marked as its Python form marks it (special
-                # tokens prefixed with 0xFF, the first end-of-sequence token empty, padded to
-                # the model's vocabulary), so both forms compute the same masks (tested).
-                specials = set(special)
-                marked = [b"\xff" + b if i in specials and not b.startswith(b"\xff") else b
-                          for i, b in enumerate(token_bytes)]  # fmt: skip
-                marked[eos[0] if eos else 0] = b""
-                marked += [b""] * (self.vocab_size - len(marked))
-                table = native.new(_encode, 4096)
-                self._ll_tokenizer = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]  # not in its stub
-                    tokens=marked,
-                    vocab_ptr=native.address(table),
-                    tokenize_fptr=native.tokenize_fptr(),
-                    eos_token=eos or [0],
-                )
-                self.token_table = table
-            else:
+                try:
+                    self._ll_tokenizer = self._c_form(native, llguidance, token_bytes, special, eos, _encode)
+                except Exception as exc:  # the Python form below still works
+                    log.warning("grammar_c_tokenizer_failed", error=repr(exc))
+                    self.token_table = None
+            if self._ll_tokenizer is None:
 
                 class _Vocab:  # what llguidance.TokenizerWrapper reads
                     eos_token_id = eos[0] if eos else 0
@@ -150,6 +145,26 @@ class Grammars:
             error=self._error,
         )
 
+    def _c_form(self, native: Any, llguidance: Any, token_bytes: list[bytes], special: list[int], eos: list[int],
+                encode: Callable[[bytes], tuple[int, ...]]) -> Any:  # fmt: skip
+        """llguidance's tokenizer calling the C table (aserve/sampling/_grammar_tokens.c),
+        which answers without the GIL once a fragment is known, so a step's masks can be
+        computed on several threads. llguidance takes it through its llama.cpp form, which
+        reads the vocabulary as given: marked as its Python form marks it (special tokens
+        prefixed with 0xFF, the first end-of-sequence token empty, padded to the model's
+        vocabulary), so both forms compute the same masks (tested)."""
+        specials = set(special)
+        marked = [b"\xff" + b if i in specials and not b.startswith(b"\xff") else b for i, b in enumerate(token_bytes)]
+        marked[eos[0] if eos else 0] = b""
+        marked += [b""] * (self.vocab_size - len(marked))
+        self.token_table = native.new(encode, 4096)
+        return llguidance.LLTokenizer.from_llamacpp(
+            tokens=marked,
+            vocab_ptr=native.address(self.token_table),
+            tokenize_fptr=native.tokenize_fptr(),
+            eos_token=eos or [0],
+        )
+
     def _ll(self) -> Any:
         with self._lock:
             if self._ll_tokenizer is None and self._error is None:
@@ -160,20 +175,25 @@ class Grammars:
             ) from self._error
         return self._ll_tokenizer
 
-    def state(self, spec: StructuredOutputs, filler: MaskFiller | None = None) -> GrammarState:
-        """A fresh request's state for ``spec``, or :class:`InvalidRequestError`. A grammar's
-        requests take its templates in turn (:meth:`matcher`), one per thread of ``filler``
-        (the engine's :data:`MASK_FILLER` unless given)."""
-        filler = MASK_FILLER if filler is None else filler
-        shards = filler.threads if filler.kind == "executor" and self.token_table is not None else 1
+    def state(self, spec: StructuredOutputs, filler: MaskFiller | None = None, cached: bool = True) -> GrammarState:
+        """A fresh request's state for ``spec``, or :class:`InvalidRequestError`, whose masks
+        ``filler`` fills (this compiler's own unless given) and, unless ``cached`` is False,
+        the mask cache answers when it can. A grammar's requests take its templates in turn
+        (:meth:`_matcher`), one per thread of the filler.
+
+        Matchers leave this class only inside a state, which keeps the C tokenizer table they
+        call alive (llguidance holds only its address)."""
+        filler = self.filler if filler is None else filler
         compiled = self._compiled(spec)
+        shards = filler.threads if filler.kind == "executor" and self.token_table is not None else 1
         shard = compiled.turn % shards
         compiled.turn += 1
-        return GrammarState(self.matcher(spec, shard), self.vocab_size, self.masks, spec.key, self.token_table, shard)
+        matcher = self._matcher(compiled, shard)
+        cache, key = (self.masks, spec.key) if cached else (None, None)
+        return GrammarState(matcher, self.vocab_size, cache, key, self.token_table, shard, filler)
 
-    def matcher(self, spec: StructuredOutputs, shard: int = 0) -> Any:
-        """A fresh ``llguidance.LLMatcher`` for ``spec`` (a copy of its template number
-        ``shard``), or :class:`InvalidRequestError`.
+    def _matcher(self, compiled: _Compiled, shard: int) -> Any:
+        """A fresh ``llguidance.LLMatcher``: a copy of ``compiled``'s template number ``shard``.
 
         Copies of one compiled matcher share its lexer behind one lock (llguidance's parser
         keeps it in an ``Arc<Mutex<..>>`` that ``deep_copy`` shares), so their masks cannot be
@@ -183,7 +203,6 @@ class Grammars:
         therefore has up to one template per fill thread, each compiled on first use."""
         import llguidance
 
-        compiled = self._compiled(spec)
         while len(compiled.templates) <= shard:
             compiled.templates.append(llguidance.LLMatcher(self._ll(), compiled.grammar, log_level=0))
         return compiled.templates[shard].deep_copy()
@@ -284,7 +303,7 @@ class GrammarState:
     ``token_table`` is set when the matcher's tokenizer is the C table, whose masks may be
     computed on llguidance's threads (:class:`MaskFiller`)."""
 
-    __slots__ = ("cache", "key", "matcher", "prefix", "shard", "token_table", "vocab_size")
+    __slots__ = ("cache", "filler", "key", "matcher", "prefix", "shard", "token_table", "vocab_size")
 
     def __init__(
         self,
@@ -294,6 +313,7 @@ class GrammarState:
         key: tuple[str, str] | None = None,
         token_table: Any = None,
         shard: int = 0,
+        filler: MaskFiller | None = None,
     ) -> None:
         self.matcher = matcher
         self.vocab_size = vocab_size
@@ -302,6 +322,7 @@ class GrammarState:
         # The C table the matcher's tokenizer calls (kept alive with the matcher), if any.
         self.token_table = token_table
         self.shard = shard  # the template the matcher was copied from (Grammars.matcher)
+        self.filler = filler  # what fills its masks (fill_masks; MASK_FILLER if None)
         self.prefix: list[int] | None = [] if cache is not None and key is not None else None
 
     def advance(self, token: int) -> bool:
@@ -348,6 +369,8 @@ class MaskCache:
         self.misses = 0
 
     def get(self, key: tuple[Any, ...]) -> bytes | None:
+        """The stored mask (a hit), or None (a miss). ``hits`` also counts the rows a fill
+        copied from an earlier row of the same step in the same state."""
         mask = self._masks.get(key)
         if mask is None:
             self.misses += 1
@@ -377,13 +400,14 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     """[R, words] int32 host bitmasks of the tokens each state allows next (into ``out``, a
     contiguous host tensor of that shape, when given).
 
-    Through :data:`MASK_FILLER`. A matcher that is stopped or failed (its request has ended;
-    a split launch may still sample one more token for it, which is never committed) allows
-    every token."""
+    Through the first state's filler (:data:`MASK_FILLER` if it has none). A matcher that is
+    stopped or failed (its request has ended; a split launch may still sample one more token
+    for it, which is never committed) allows every token."""
     words = mask_words(states[0].vocab_size)
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
     assert masks.shape == (len(states), words) and masks.is_contiguous()
-    MASK_FILLER.fill(states, masks.data_ptr(), words * 4)
+    filler = states[0].filler
+    (MASK_FILLER if filler is None else filler).fill(states, masks.data_ptr(), words * 4)
     return masks
 
 
@@ -394,7 +418,8 @@ class MaskFiller:
     """Fills a step's masks one row after another on the calling thread (``serial``) or, for
     the rows the mask cache does not answer, in one GIL-free call on llguidance's pool of N
     native threads (``executor:N``). ``ASERVE_MASK_FILL`` picks one; unset, the executor with
-    :func:`default_fill_threads` threads, or serial where that is one.
+    :func:`default_fill_threads` threads, or serial where that is one (and on a CPU device:
+    :meth:`for_device`).
 
     The executor needs the C tokenizer table (``GrammarState.token_table``): with the Python
     tokenizer every pool thread takes the GIL for the bytes a grammar forces, and a pool of
@@ -409,23 +434,32 @@ class MaskFiller:
             kind = "serial" if self.threads == 1 else "executor"
         elif spec == "serial":
             self.threads = 1
-        elif kind == "executor" and (n == "" or (n.isdigit() and int(n) >= 1)):
-            self.threads = int(n) if n else max(2, default_fill_threads())
+        elif spec == "executor":
+            self.threads = max(2, default_fill_threads())
+        elif kind == "executor" and n.isdecimal() and n.isascii() and int(n) >= 1:
+            self.threads = int(n)
         else:
             raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (serial, executor or executor:N)")
         self.kind = kind
         self._executor: Any = None
         self._lock = threading.Lock()
 
+    @classmethod
+    def for_device(cls, device_type: str) -> MaskFiller:
+        """An engine's filler: ``ASERVE_MASK_FILL``'s; unset, serial on a CPU device (its
+        forward runs on the same cores while the masks are filled) and the default elsewhere."""
+        spec = os.environ.get("ASERVE_MASK_FILL", "")
+        return cls(spec or ("serial" if device_type == "cpu" else ""))
+
     @property
     def spec(self) -> str:
         return "serial" if self.kind == "serial" else f"executor:{self.threads}"
 
     def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
-        compute: list[tuple[Any, int]] = []  # (matcher, row) for the pool
-        store: list[tuple[tuple[Any, ...], int]] = []  # (cache key, row) to keep once computed
-        # The pool's wake-up costs more than it saves below ~16 rows a thread (mask_fill bench).
-        pool = self.kind == "executor" and len(states) >= 2 * _MIN_POOL_ROWS and states[0].token_table is not None
+        compute: list[tuple[Any, int]] = []  # (matcher, row) whose masks are computed
+        first: dict[tuple[Any, ...], int] = {}  # cache key -> the step's row that computes it
+        copies: list[tuple[int, int]] = []  # (row, row it copies) for rows in an earlier row's state
+        store: dict[tuple[Any, ...], int] = {}  # cache key -> row whose mask the cache keeps
         for i, st in enumerate(states):
             m = st.matcher
             dst = base + i * row_bytes
@@ -433,30 +467,34 @@ class MaskFiller:
                 ctypes.memset(dst, 0xFF, row_bytes)
                 continue
             prefix, cache = st.prefix, st.cache
-            key = None
             if prefix is not None and cache is not None:
                 key = (st.key, *prefix)
                 mask = cache.get(key)
                 if mask is not None:
                     ctypes.memmove(dst, mask, row_bytes)
                     continue
-                if not cache.met_again(key):
-                    key = None
-            if pool:
-                compute.append((m, i))
-                if key is not None:
-                    store.append((key, i))
-            else:
-                m.unsafe_compute_mask_ptr(dst, row_bytes)
-                if key is not None:
-                    cast(MaskCache, cache).put(key, ctypes.string_at(dst, row_bytes))
-        if compute:
+                if key in first:  # met again within the step: copied, and kept from now on
+                    cache.hits += 1
+                    copies.append((i, first[key]))
+                    store[key] = first[key]
+                    continue
+                first[key] = i
+                if cache.met_again(key):
+                    store[key] = i
+            compute.append((m, i))
+        # The pool's wake-up costs more than it saves below ~16 rows a thread (mask_fill bench).
+        if self.kind == "executor" and len(compute) >= 2 * _MIN_POOL_ROWS and states[0].token_table is not None:
             # Rows grouped by template: the pool hands each thread a contiguous run of the
-            # list, so a thread mostly takes its own template's lock (Grammars.matcher).
+            # list, so a thread mostly takes its own template's lock (Grammars._matcher).
             compute.sort(key=lambda mi: states[mi[1]].shard)
             self._pool().unsafe_compute_mask_ptr(compute, base, row_bytes, len(states))
-            for key, i in store:
-                cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
+        else:
+            for m, i in compute:
+                m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
+        for i, j in copies:
+            ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
+        for key, i in store.items():
+            cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
 
     def _pool(self) -> Any:
         with self._lock:
@@ -470,7 +508,8 @@ class MaskFiller:
 def default_fill_threads() -> int:
     """The executor's threads unless ``ASERVE_MASK_FILL`` says otherwise: a quarter of the
     cores this process may run on, at most 8 (the rest plan, commit, serve and feed the
-    device); 1 (serial) below 8 cores, where the forward's own threads want them."""
+    device); 1 (serial) below 8 cores. Not yet measured on the H200 host (docs/benchmarks.md,
+    "Issue 16: the lock behind the mask fill")."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(8, cpus // 4) if cpus >= 8 else 1
 

@@ -198,14 +198,14 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
     llguidance's pool (requests spread over two templates per grammar) draws the tokens it
     draws with the serial fill. float32 steps, so a row's numbers do not depend on the batch."""
     pytest.importorskip("aserve.sampling._grammar_tokens")
-    from aserve.sampling import grammar
-
     jobs = [(PROMPTS[i % 4], _params(StructuredOutputs(json=SCHEMAS[i % 10]), seed=i)) for i in range(40)]
     runs = {}
     for spec in ("serial", "executor:2"):
-        filler = grammar.MaskFiller(spec)
-        monkeypatch.setattr(grammar, "MASK_FILLER", filler)
+        monkeypatch.setenv("ASERVE_MASK_FILL", spec)  # read by the engine's MaskFiller.for_device
         async with hosted_engine(model="gemma-3-270m", num_threads=2, gguf_prefill="float32") as eng:
+            grammars = eng._admission.grammars
+            assert grammars is not None and grammars.filler.spec == spec
+            filler = grammars.filler
             outs = await _run_all(eng, jobs)
             runs[spec] = [(o.token_ids, o.finish_reason) for o in outs]
             for i, o in enumerate(outs):
@@ -214,8 +214,6 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
             assert await _settled(eng)
             if spec != "serial":
                 assert filler._executor is not None, "no step had enough constrained rows for the pool"
-                grammars = eng._admission.grammars
-                assert grammars is not None
                 templates = grammars._cache[StructuredOutputs(json=SCHEMAS[0]).key].templates
                 assert len(templates) == 2
     assert runs["serial"] == runs["executor:2"]

@@ -43,7 +43,7 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     pytest.importorskip("aserve.sampling._grammar_tokens")
     import torch
 
-    from aserve.sampling.grammar import GrammarState, MaskCache, MaskFiller
+    from aserve.sampling.grammar import MaskCache, MaskFiller
 
     filler = MaskFiller("executor:3")
     grammars.masks = MaskCache()  # nothing cached by earlier tests
@@ -52,11 +52,12 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
         StructuredOutputs(regex=r"[0-9]{3}-[a-z]+"),
         StructuredOutputs(choice=("yes", "no", "maybe")),
     ]
-    states = [grammars.state(specs[i % len(specs)], filler) for i in range(40)]
-    plain = [GrammarState(grammars.matcher(specs[i % len(specs)]), grammars.vocab_size) for i in range(40)]
+    n = 60
+    states = [grammars.state(specs[i % len(specs)], filler) for i in range(n)]
+    plain = [grammars.state(specs[i % len(specs)], MaskFiller("serial"), cached=False) for i in range(n)]
     tok = grammars._tokenizer
-    for i in range(40):  # different grammar states row by row, repeats among them
-        text = {0: '{"a": 1', 1: "12", 2: "ma"}[i % 3][: i // 3 % 7 + 1]
+    for i in range(n):  # mostly different grammar states row by row; the choice rows repeat
+        text = {0: '{"a": ' + str(i), 1: f"{i:03d}-", 2: "maybe"[: i % 4]}[i % 3]
         for t in tok.encode(text):
             assert states[i].advance(t) and plain[i].advance(t)
     assert states[0].token_table is not None
@@ -83,8 +84,9 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     filler.fill(states, again.data_ptr(), words * 4)
     assert torch.equal(again, want) and grammars.masks.hits >= stored
     small = torch.zeros((8, words), dtype=torch.int32)  # too few rows for the pool: the loop
-    MaskFiller("executor:3").fill(states[:8], small.data_ptr(), words * 4)
-    assert torch.equal(small, want[:8])
+    few = MaskFiller("executor:3")
+    few.fill(states[:8], small.data_ptr(), words * 4)
+    assert torch.equal(small, want[:8]) and few._executor is None
 
 
 def test_the_fill_strategy_is_read_from_its_spec() -> None:
@@ -94,9 +96,55 @@ def test_the_fill_strategy_is_read_from_its_spec() -> None:
     assert MaskFiller("executor:3").spec == "executor:3"
     assert MaskFiller("executor").threads >= 2
     assert MaskFiller("").threads == default_fill_threads()
-    for bad in ("threads:2", "executor:0", "executor:x", "serial:2", "fast"):
+    for bad in ("threads:2", "executor:0", "executor:x", "executor:", "executor:²", "serial:2", "fast"):
         with pytest.raises(ValueError, match="ASERVE_MASK_FILL"):
             MaskFiller(bad)
+
+
+def test_an_engine_fills_serially_on_a_cpu_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aserve.sampling.grammar import MaskFiller
+
+    monkeypatch.delenv("ASERVE_MASK_FILL", raising=False)
+    assert MaskFiller.for_device("cpu").spec == "serial"
+    assert MaskFiller.for_device("cuda").spec == MaskFiller("").spec
+    monkeypatch.setenv("ASERVE_MASK_FILL", "executor:2")
+    assert MaskFiller.for_device("cpu").spec == MaskFiller.for_device("cuda").spec == "executor:2"
+
+
+def test_a_state_keeps_the_c_table_its_matcher_calls(grammars: Grammars) -> None:
+    """llguidance holds only the table's address: a request's state outliving the engine's
+    compiler still computes masks and advances (the table is freed with the last state)."""
+    pytest.importorskip("aserve.sampling._grammar_tokens")
+    import gc
+
+    own = Grammars(grammars._tokenizer, grammars.vocab_size)
+    spec = StructuredOutputs(json={"type": "array", "items": {"type": "integer"}})
+    st = own.state(spec)
+    assert st.token_table is not None
+    del own
+    gc.collect()
+    tok = grammars._tokenizer
+    for t in tok.encode("[12, 3"):  # ", " after a number is forced: the table is called
+        assert st.advance(t)
+        mask = fill_masks([st])
+        assert bool((mask != 0).any())
+
+
+def test_a_c_table_that_fails_to_build_leaves_the_python_form(
+    grammars: Grammars, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aserve.sampling import grammar
+
+    class Broken:
+        @staticmethod
+        def new(encode: object, limit: int) -> object:
+            raise RuntimeError("no table")
+
+    monkeypatch.setattr(grammar, "_native_tokens", lambda: Broken)
+    g = Grammars(grammars._tokenizer, grammars.vocab_size)
+    st = g.state(StructuredOutputs(choice=("yes", "no")))
+    assert g.token_table is None and st.token_table is None
+    assert bool((fill_masks([st]) != 0).any())
 
 
 def test_the_c_and_python_tokenizer_forms_compute_the_same_masks(grammars: Grammars) -> None:
@@ -109,7 +157,7 @@ def test_the_c_and_python_tokenizer_forms_compute_the_same_masks(grammars: Gramm
 
     import torch
 
-    from aserve.sampling.grammar import GrammarState, allowed_tokens
+    from aserve.sampling.grammar import allowed_tokens
 
     python_form = Grammars(grammars._tokenizer, grammars.vocab_size, native_tokens=False)
     specs = [
@@ -137,8 +185,8 @@ def test_the_c_and_python_tokenizer_forms_compute_the_same_masks(grammars: Gramm
     steps = 0
     for k, spec in enumerate(specs):
         for seed in range(3):
-            c_row = grammars.state(spec)
-            py_row = GrammarState(python_form.matcher(spec), grammars.vocab_size)
+            c_row = grammars.state(spec, cached=False)
+            py_row = python_form.state(spec, cached=False)
             assert c_row.token_table is not None and py_row.token_table is None
             rng = random.Random(100 * k + seed)
             for _ in range(40):
@@ -232,7 +280,7 @@ def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> 
 
     import torch
 
-    from aserve.sampling.grammar import MASK_CACHE_PREFIX, GrammarState, allowed_tokens
+    from aserve.sampling.grammar import MASK_CACHE_PREFIX, allowed_tokens
 
     spec = StructuredOutputs(
         json={
@@ -247,7 +295,7 @@ def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> 
     cache = grammars.masks
     hits0 = cache.hits
     rows = [grammars.state(spec) for _ in range(6)]
-    plain = [GrammarState(grammars.matcher(spec), grammars.vocab_size) for _ in range(6)]
+    plain = [grammars.state(spec, cached=False) for _ in range(6)]
     assert all(r.prefix == [] for r in rows) and all(p.prefix is None for p in plain)
     rng = [random.Random(1), random.Random(2)]
     steps = 0
@@ -269,5 +317,5 @@ def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> 
         steps += 1
     assert steps > MASK_CACHE_PREFIX, steps  # the walks ran past the cached prefix length
     assert all(r.prefix is None for r in rows if not r.done)
-    # Per step and walk: the first row computes, the second computes and stores, the third hits.
+    # Per step and walk: the first row computes (and its mask is stored), the other two copy it.
     assert cache.hits - hits0 >= 2 * MASK_CACHE_PREFIX, (cache.hits, hits0)
