@@ -7,11 +7,13 @@ Every row follows its own seeded random walk through a JSON schema (at each step
 mask allows), recorded once; every configuration replays the same walks on fresh rows.
 Timed: the fill of steps 5-29 (what the engine does on the host while the device runs a
 step's forward: ``MaskFiller.fill`` with the engine's mask cache, rows taking the grammar's
-templates in turn as ``Grammars.state`` gives them). Configurations: the
+templates in turn as ``Grammars.state`` gives them); a run's figure is the median step, and
+the table's the median of ``--repeats`` runs, the configurations taking turns. Configurations: the
 grammar engine's tokenizer form (``c``: the C table of aserve/sampling/_grammar_tokens.c;
 ``python``: llguidance calls back into Python) and the fill (``serial``, or ``executor:N``:
-one GIL-free call on llguidance's N threads). The table prints microseconds per row and the
-speed-up over the Python form's serial fill; the JSON keeps every figure.
+one GIL-free call on llguidance's N threads). The table prints milliseconds a step (and the
+runs' range), microseconds per row and the speed-up over the Python form's serial fill; the
+JSON keeps every figure.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import platform
 import random
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -115,6 +118,7 @@ def main() -> None:
     ap.add_argument("--fills", default="", help="comma list; default: serial and executor:N for N = 2, 4, 8 <= cores")
     ap.add_argument("--schemas", default="int-array,extraction")
     ap.add_argument("--tokenizer-dir", default=None)
+    ap.add_argument("--repeats", type=int, default=5, help="rounds of every configuration, taken in turns")
     ap.add_argument("--out", default="mask_fill.json")
     args = ap.parse_args()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -138,29 +142,37 @@ def main() -> None:
         "vocab": vocab,
         "steps": STEPS,
         "warmup": WARMUP,
+        "repeats": args.repeats,
         "runs": [],
     }
-    print(
-        f"{'schema':11s} {'rows':>5s} {'tokens':7s} {'fill':11s} {'ms/step':>8s} {'us/row':>7s} {'vs python serial':>17s}"
-    )
+    print(f"{'schema':11s} {'rows':>5s} {'tokens':7s} {'fill':11s} {'ms/step':>8s} {'us/row':>7s} "
+          f"{'(runs)':>17s} {'vs python serial':>17s}")  # fmt: skip
     for schema in args.schemas.split(","):
         spec = StructuredOutputs(json=SCHEMAS[schema])
         for rows in (int(r) for r in args.rows.split(",")):
             walks = record_walks(forms["c"], spec, rows)
-            base = None
-            for form in ("python", "c"):
-                # The Python form fills serially whatever the spec (MaskFiller: its pool
-                # threads would queue on the GIL), so it runs once.
-                for fill in fills if form == "c" else ["serial"]:
-                    filler = MaskFiller(fill)
-                    r = run_walks(forms[form], spec, walks, filler)
-                    r.update(schema=schema, rows=rows, tokens=form, fill=fill)
-                    if base is None:
-                        base = r["fill_ms_median"]
-                    r["speedup_vs_python_serial"] = base / r["fill_ms_median"]
-                    results["runs"].append(r)
-                    print(f"{schema:11s} {rows:5d} {form:7s} {fill:11s} {r['fill_ms_median']:8.3f} "
-                          f"{r['us_per_row']:7.1f} {r['speedup_vs_python_serial']:16.2f}x", flush=True)  # fmt: skip
+            # The Python form fills serially whatever the spec (MaskFiller: its pool threads
+            # would queue on the GIL), so it runs serial only. Configurations take turns, the
+            # round repeated, so a swing of the machine falls on all of them alike.
+            configs = [("python", "serial")] + [("c", fill) for fill in fills]
+            per: dict[tuple[str, str], list[dict[str, Any]]] = {c: [] for c in configs}
+            for _ in range(args.repeats):
+                for form, fill in configs:
+                    per[(form, fill)].append(run_walks(forms[form], spec, walks, MaskFiller(fill)))
+            base = statistics.median(r["fill_ms_median"] for r in per[configs[0]])
+            for form, fill in configs:
+                ms = sorted(r["fill_ms_median"] for r in per[(form, fill)])
+                r = {
+                    "schema": schema, "rows": rows, "tokens": form, "fill": fill,
+                    "fill_ms_median": statistics.median(ms), "fill_ms_runs": ms,
+                    "us_per_row": statistics.median(ms) / rows * 1e3,
+                    "templates": per[(form, fill)][0]["templates"],
+                    "speedup_vs_python_serial": base / statistics.median(ms),
+                }  # fmt: skip
+                results["runs"].append(r)
+                spread = f"{ms[0]:.2f}-{ms[-1]:.2f}"
+                print(f"{schema:11s} {rows:5d} {form:7s} {fill:11s} {r['fill_ms_median']:8.3f} {r['us_per_row']:7.1f} "
+                      f"{spread:>17s} {r['speedup_vs_python_serial']:16.2f}x", flush=True)  # fmt: skip
     Path(args.out).write_text(json.dumps(results, indent=1))
 
 
