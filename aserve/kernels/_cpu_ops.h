@@ -142,6 +142,26 @@ OPS_CLONES static void ops_race_uniforms(const int64_t *h, int64_t n, int64_t hs
     }
 }
 
+/* Structured outputs' masks (aserve/sampling/sampler.py apply_masks_): for i < r, row
+ * rows[i] of logits (row stride `stride` floats) gets -inf at every token t < vocab whose bit
+ * (t % 32 of word t / 32) is clear in bits[i * words ...]. Words all set are skipped, words
+ * all clear filled: no [r, vocab] temporaries, as the torch ops need. */
+OPS_CLONES static void ops_apply_bitmask(float *logits, int64_t stride, const int64_t *rows, int64_t r,
+                                         const int32_t *bits, int64_t words, int64_t vocab) {
+    const float ninf = -__builtin_inff();
+    for (int64_t i = 0; i < r; i++) {
+        float *l = logits + rows[i] * stride;
+        const uint32_t *b = (const uint32_t *)bits + i * words;
+        for (int64_t w = 0; w < words && w * 32 < vocab; w++) {
+            const uint32_t word = b[w];
+            if (word == 0xFFFFFFFFu) continue;
+            const int64_t base = w * 32, n = vocab - base < 32 ? vocab - base : 32;
+            for (int64_t j = 0; j < n; j++)
+                if (!((word >> j) & 1u)) l[base + j] = ninf;
+        }
+    }
+}
+
 /* y = act(g) * u over n floats (n a multiple of 16): act 1 GELU with the tanh approximation,
  * 0.5 g (1 + tanh z) with z = sqrt(2 / pi) (g + 0.044715 g^3), taken as g / (1 + e^-2z) (the
  * same function, without 1 + tanh's cancellation where tanh z is near -1), else SiLU

@@ -1038,6 +1038,19 @@ static PyObject *py_race_uniforms(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* apply_bitmask(logits, stride, rows, r, bits, words, vocab): -inf where r rows' grammar
+ * masks (int32 words, bit t % 32 of word t / 32) disallow a token; float32 logits */
+static PyObject *py_apply_bitmask(PyObject *self, PyObject *args) {
+    unsigned long long lp, rp, bp;
+    long long stride, r, words, vocab;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "KLKLKLL", &lp, &stride, &rp, &r, &bp, &words, &vocab)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    ops_apply_bitmask(PTR(lp), stride, (const int64_t *)(uintptr_t)rp, r, (const int32_t *)(uintptr_t)bp, words, vocab);
+    Py_END_ALLOW_THREADS
+    Py_RETURN_NONE;
+}
+
 /* gated(g, u, y, n, act): y = act(g) * u, act 1 GELU (tanh), 0 SiLU; n a multiple of 16 */
 static PyObject *py_gated(PyObject *self, PyObject *args) {
     unsigned long long gp, up, yp;
@@ -1416,6 +1429,7 @@ static PyMethodDef methods[] = {
     {"decoder_layers", py_decoder_layers, METH_VARARGS, "a decoder stack's step on a packed plan (pointers)"},
     {"layer_record_size", py_layer_record_size, METH_NOARGS, "bytes of one decoder_layers plan record"},
     {"race_uniforms", py_race_uniforms, METH_VARARGS, "the sampler's uniforms for token hashes x row keys"},
+    {"apply_bitmask", py_apply_bitmask, METH_VARARGS, "-inf where grammar masks disallow a token (float32 rows)"},
     {"gated", py_gated, METH_VARARGS, "act(g) * u, GELU (tanh) or SiLU (pointers)"},
     {"rotary", py_rotary, METH_VARARGS, "NeoX rotary embedding (pointers)"},
     {"store_kv", py_store_kv, METH_VARARGS, "write K/V rows into their cache slots"},

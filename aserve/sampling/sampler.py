@@ -31,7 +31,7 @@ from torch import Tensor
 
 from aserve.sampling.batch import SamplingBatch, SamplingParamsLike, make_sampling_batch
 from aserve.sampling.grammar import allowed_tokens
-from aserve.sampling.noise import _exp_noise, _ids_hash, _row_keys, _token_hash, uniform_noise
+from aserve.sampling.noise import _cpu_kernel, _exp_noise, _ids_hash, _row_keys, _token_hash, uniform_noise
 from aserve.sampling_params import GREEDY_TEMPERATURE
 
 # SamplingBatch, SamplingParamsLike, make_sampling_batch (batch.py) and uniform_noise (noise.py)
@@ -157,6 +157,15 @@ def apply_masks_(logits: Tensor, rows: Tensor, bits: Tensor) -> Tensor:
         from aserve.kernels.bitmask import apply_bitmask_
 
         return apply_bitmask_(logits, rows, bits)
+    kernel = _cpu_kernel()
+    if kernel is not None and logits.dtype == torch.float32 and logits.stride(1) == 1:
+        # One C pass over the masks' words (the torch ops below build [R, V] temporaries:
+        # ~11 ms for 16 rows of 262,144 tokens on this project's VM, against ~1 ms).
+        rows, bits = rows.to(torch.int64).contiguous(), bits.to(torch.int32).contiguous()
+        assert bits.shape[0] == rows.shape[0], "a mask per row"
+        kernel.apply_bitmask(logits.data_ptr(), logits.stride(0), rows.data_ptr(), rows.shape[0], bits.data_ptr(),
+                             bits.shape[1], logits.shape[1])  # fmt: skip
+        return logits
     allowed = allowed_tokens(bits, logits.shape[1])  # [R, V] bool
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
     return logits

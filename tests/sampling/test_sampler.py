@@ -728,3 +728,28 @@ def test_the_c_uniforms_are_the_torch_ops_bits(monkeypatch: pytest.MonkeyPatch) 
     for f, s in zip(fast, slow, strict=True):
         assert f.dtype == torch.float32 and torch.equal(f, s)
         assert bool((f > 0).all()) and bool(f.isfinite().all())
+
+
+@pytest.mark.skipif(noise_mod._cpu_kernel() is None, reason="the C extension is not built")
+def test_the_c_bitmask_is_the_torch_ops(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``apply_masks_`` on a CPU sends disallowed tokens to -inf in one C pass; with the
+    extension hidden it runs the torch ops. Same logits: words all set, all clear and mixed,
+    a vocabulary that ends mid-word, rows in any order, a row stride wider than the vocabulary
+    (logits sliced from a wider buffer), unconstrained rows left alone."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, words = 1000, 32  # 1024 bits: the last word's upper 24 bits lie past the vocabulary
+    wide = torch.randn(7, vocab + 9, generator=gen)
+    bits = torch.randint(-(2**31), 2**31 - 1, (4, words), dtype=torch.int32, generator=gen)
+    bits[:, 0] = 0
+    bits[:, 1] = -1
+    bits[2] = 0  # a row that allows nothing
+    rows = torch.tensor([5, 0, 3, 6])
+    fast = wide.clone()
+    sampler_mod.apply_masks_(fast[:, :vocab], rows, bits)
+    monkeypatch.setattr(sampler_mod, "_cpu_kernel", lambda: None)
+    slow = wide.clone()
+    sampler_mod.apply_masks_(slow[:, :vocab], rows, bits)
+    assert torch.equal(fast, slow)
+    assert torch.equal(fast[:, vocab:], wide[:, vocab:]) and torch.equal(fast[[1, 2, 4]], wide[[1, 2, 4]])
+    assert bool(fast[3, :vocab].isneginf().all()) and bool(fast[5, :32].isneginf().all())
+    assert int(fast.isneginf().sum()) > 0 and torch.equal(fast[0, 32:64], wide[0, 32:64])
