@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import cast
 
 from aserve.device.step import Step, StepOutputs
 from aserve.logs import get_logger
 from aserve.outputs import TokenLogprob
+from aserve.sampling.grammar import GrammarState, advance_all
 from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 from aserve.tokenizer.detokenizer import IncrementalDetokenizer
@@ -50,6 +52,16 @@ class Committer:
             if req.finish_reason is None:
                 self._prompt_logprobs(req, outs, row, first, count)
             row += count
+        # The step's grammar rows advance first, together (aserve/sampling/grammar.py
+        # advance_all): one call for all, on the fill's pool at a large batch. Each request
+        # appears once in a step and nothing below touches another's matcher, so this is what
+        # advancing each in turn within the loop gave.
+        rows = [i for i, e in enumerate(step.entries)
+                if e.samples and e.req.grammar is not None and e.req.finish_reason is None]  # fmt: skip
+        advanced: dict[int, bool] = {}
+        if rows:
+            states = [cast(GrammarState, step.entries[i].req.grammar) for i in rows]
+            advanced = dict(zip(rows, advance_all(states, [token_ids[i] for i in rows]), strict=True))
         for i, entry in enumerate(step.entries):
             req = entry.req
             req.inflight -= 1
@@ -76,7 +88,7 @@ class Committer:
                     logprob = None
                     if with_logprobs and req.params.logprobs is not None:
                         logprob = self._logprob(outs, i, req.params.logprobs)
-                    self._append(req, token_ids[i], logprob, now)
+                    self._append(req, token_ids[i], logprob, now, advanced.get(i))
             if req.finish_reason is not None:
                 self.scheduler.release_if_done(req)
 
@@ -104,7 +116,9 @@ class Committer:
             top = tuple(zip(outs.top_ids[i][:k], outs.top_logprobs[i][:k]))
         return TokenLogprob(outs.token_ids[i], outs.logprobs[i], top)
 
-    def _append(self, req: Req, token: int, logprob: TokenLogprob | None, now: float) -> None:
+    def _append(self, req: Req, token: int, logprob: TokenLogprob | None, now: float, advanced: bool | None) -> None:
+        """``advanced``: whether the request's grammar took the token (``commit`` advanced it),
+        None without a grammar."""
         cell, outputs, params = req.cell, req.output_ids, req.params
         assert cell is not None, f"{req.rid} was admitted without an output cell"
         outputs.append(token)
@@ -118,7 +132,7 @@ class Committer:
         # stop strings are not looked for in text that ends before min_tokens).
         may_stop = len(outputs) >= params.min_tokens
         grammar = req.grammar
-        if grammar is not None and not grammar.advance(token):
+        if grammar is not None and advanced is False:
             # The sampler only draws allowed tokens, so this is a fault: end the output here
             # rather than continue it outside its language.
             log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar.error)

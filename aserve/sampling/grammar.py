@@ -327,13 +327,16 @@ class GrammarState:
 
     def advance(self, token: int) -> bool:
         """Consume a committed token; False if the grammar did not allow it."""
+        self._note(token)
+        return bool(self.matcher.consume_token(token))
+
+    def _note(self, token: int) -> None:
         prefix = self.prefix
         if prefix is not None:
             if len(prefix) < MASK_CACHE_PREFIX:
                 prefix.append(token)
             else:
                 self.prefix = None
-        return bool(self.matcher.consume_token(token))
 
     @property
     def done(self) -> bool:
@@ -343,6 +346,24 @@ class GrammarState:
     @property
     def error(self) -> str:
         return str(self.matcher.get_error())
+
+
+def advance_all(states: Sequence[GrammarState], tokens: Sequence[int]) -> list[bool]:
+    """``states[i].advance(tokens[i])`` for every i (a step's commit): through the first
+    state's filler, in one GIL-free call on its pool when it has one and there are enough
+    rows (grouped by template, as a fill's), else one by one."""
+    filler = states[0].filler if states else None
+    if filler is None or not filler.pooled(states, len(states)):
+        return [st.advance(t) for st, t in zip(states, tokens, strict=True)]
+    for st, t in zip(states, tokens, strict=True):
+        st._note(t)
+    order = sorted(range(len(states)), key=lambda i: states[i].shard)
+    done = filler._pool().consume_token_par([(states[i].matcher, tokens[i]) for i in order])
+    filler.pool_consumes += 1
+    ok = [False] * len(states)
+    for i, res in zip(order, done, strict=True):
+        ok[i] = bool(res)
+    return ok
 
 
 # Outputs up to this many tokens long have their masks cached (a JSON schema's opening keys,
@@ -441,6 +462,7 @@ class MaskFiller:
         else:
             raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (serial, executor or executor:N)")
         self.kind = kind
+        self.pool_consumes = 0  # commits whose grammar rows advanced on the pool (advance_all)
         self._executor: Any = None
         self._lock = threading.Lock()
 
@@ -482,8 +504,7 @@ class MaskFiller:
                 if cache.met_again(key):
                     store[key] = i
             compute.append((m, i))
-        # The pool's wake-up costs more than it saves below ~16 rows a thread (mask_fill bench).
-        if self.kind == "executor" and len(compute) >= 2 * _MIN_POOL_ROWS and states[0].token_table is not None:
+        if self.pooled(states, len(compute)):
             # Rows grouped by template: the pool hands each thread a contiguous run of the
             # list, so a thread mostly takes its own template's lock (Grammars._matcher).
             compute.sort(key=lambda mi: states[mi[1]].shard)
@@ -495,6 +516,12 @@ class MaskFiller:
             ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
         for key, i in store.items():
             cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
+
+    def pooled(self, states: Sequence[GrammarState], rows: int) -> bool:
+        """Whether ``rows`` of these states' rows go to the pool: an executor, the C table,
+        and enough rows (its wake-up costs more than it saves below ~16 rows a thread on this
+        project's VM, mask_fill bench)."""
+        return self.kind == "executor" and rows >= 2 * _MIN_POOL_ROWS and states[0].token_table is not None
 
     def _pool(self) -> Any:
         with self._lock:

@@ -214,6 +214,7 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
             assert await _settled(eng)
             if spec != "serial":
                 assert filler._executor is not None, "no step had enough constrained rows for the pool"
+                assert filler.pool_consumes > 0, "no commit advanced its grammar rows on the pool"
                 templates = grammars._cache[StructuredOutputs(json=SCHEMAS[0]).key].templates
                 assert len(templates) == 2
     assert runs["serial"] == runs["executor:2"]

@@ -89,6 +89,45 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     assert torch.equal(small, want[:8]) and few._executor is None
 
 
+def test_advancing_a_steps_rows_together_is_advancing_each(grammars: Grammars) -> None:
+    """``advance_all`` (a commit's grammar rows in one call, on the pool at 32+ rows) gives
+    each row what ``advance`` gives, a refused token included, and leaves the matchers where
+    one-by-one advances leave them (their next masks and cache prefixes agree)."""
+    pytest.importorskip("aserve.sampling._grammar_tokens")
+    import torch
+
+    from aserve.sampling.grammar import MaskFiller, advance_all
+
+    filler = MaskFiller("executor:2")
+    spec = StructuredOutputs(json={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}})
+    tok = grammars._tokenizer
+    pooled = [grammars.state(spec, filler) for _ in range(40)]
+    alone = [grammars.state(spec, MaskFiller("serial")) for _ in range(40)]
+    texts = ["[" + ", ".join(str(i * j % 1000) for j in range(i % 5)) for i in range(40)]
+    steps = max(len(tok.encode(t)) for t in texts) + 1
+    for k in range(steps):
+        tokens = []
+        for t in texts:
+            ids = tok.encode(t)
+            tokens.append(ids[k] if k < len(ids) else tok.encode("x")[0])  # then a refused token
+        live = [i for i in range(40) if not pooled[i].matcher.is_error()]
+        if len(live) < 32:
+            break
+        before = filler.pool_consumes
+        got = advance_all([pooled[i] for i in live], [tokens[i] for i in live])
+        assert filler.pool_consumes == before + 1
+        want = [alone[i].advance(tokens[i]) for i in live]
+        assert got == want, k
+        assert [pooled[i].prefix for i in live] == [alone[i].prefix for i in live]
+    assert any(st.matcher.is_error() for st in pooled), "a refused token should have been met"
+    words = mask_words(grammars.vocab_size)
+    a = torch.zeros((40, words), dtype=torch.int32)
+    b = torch.zeros_like(a)
+    MaskFiller("serial").fill(pooled, a.data_ptr(), words * 4)
+    MaskFiller("serial").fill(alone, b.data_ptr(), words * 4)
+    assert torch.equal(a, b)
+
+
 def test_the_fill_strategy_is_read_from_its_spec() -> None:
     from aserve.sampling.grammar import MaskFiller, default_fill_threads
 
