@@ -8,7 +8,9 @@ mask allows), recorded once; every configuration replays the same walks on fresh
 Timed: the fill of steps 5-29 (what the engine does on the host while the device runs a
 step's forward: ``MaskFiller.fill`` with the engine's mask cache, rows taking the grammar's
 templates in turn as ``Grammars.state`` gives them); a run's figure is the median step, and
-the table's the median of ``--repeats`` runs, the configurations taking turns. Configurations: the
+the table's the median of ``--repeats`` runs, the configurations taking turns. Beside it,
+the step's advance of every row by its token as a commit makes it (``advance_all``: one by
+one, or on the pool), timed apart. Configurations: the
 grammar engine's tokenizer form (``c``: the C table of aserve/sampling/_grammar_tokens.c;
 ``python``: llguidance calls back into Python) and the fill (``serial``, or ``executor:N``:
 one GIL-free call on llguidance's N threads). The table prints milliseconds a step (and the
@@ -31,7 +33,7 @@ from typing import Any
 import torch
 
 from aserve.bench.device_bench import STRUCTURED_BENCH_SCHEMA
-from aserve.sampling.grammar import Grammars, MaskCache, MaskFiller, allowed_tokens, mask_words
+from aserve.sampling.grammar import Grammars, MaskCache, MaskFiller, advance_all, allowed_tokens, mask_words
 from aserve.sampling_params import StructuredOutputs
 from aserve.tokenizer.base import Tokenizer
 
@@ -91,6 +93,7 @@ def run_walks(
     vocab = grammars.vocab_size
     out = torch.empty((rows, mask_words(vocab)), dtype=torch.int32)
     fills: list[float] = []
+    advances: list[float] = []
     for step in range(STEPS):
         live = [(i, st) for i, st in enumerate(states) if step < len(walks[i])]
         if not live:
@@ -98,14 +101,18 @@ def run_walks(
         t0 = time.perf_counter()
         filler.fill([st for _, st in live], out.data_ptr(), mask_words(vocab) * 4)
         fills.append(time.perf_counter() - t0)
-        for i, st in live:
-            if not st.advance(walks[i][step]):
-                raise RuntimeError(f"row {i} refused its walk's token: {st.error}")
+        t0 = time.perf_counter()
+        ok = advance_all([st for _, st in live], [walks[i][step] for i, _ in live])  # as a commit does
+        advances.append(time.perf_counter() - t0)
+        if not all(ok):
+            raise RuntimeError(f"a row refused its walk's token: {live[ok.index(False)][1].error}")
     timed = sorted(fills[WARMUP:])
     median = timed[len(timed) // 2]
+    adv = sorted(advances[WARMUP:])
     return {
         "fill_ms_median": median * 1e3,
         "fill_ms_mean": sum(timed) / len(timed) * 1e3,
+        "advance_ms_median": adv[len(adv) // 2] * 1e3,
         "us_per_row": median / rows * 1e6,
         "cache_hits": grammars.masks.hits,
         "templates": len({st.shard for st in states}),
@@ -146,7 +153,7 @@ def main() -> None:
         "runs": [],
     }
     print(f"{'schema':11s} {'rows':>5s} {'tokens':7s} {'fill':11s} {'ms/step':>8s} {'us/row':>7s} "
-          f"{'(runs)':>17s} {'vs python serial':>17s}")  # fmt: skip
+          f"{'(runs)':>17s} {'vs python serial':>17s} {'advance ms':>10s}")  # fmt: skip
     for schema in args.schemas.split(","):
         spec = StructuredOutputs(json=SCHEMAS[schema])
         for rows in (int(r) for r in args.rows.split(",")):
@@ -162,9 +169,10 @@ def main() -> None:
             base = statistics.median(r["fill_ms_median"] for r in per[configs[0]])
             for form, fill in configs:
                 ms = sorted(r["fill_ms_median"] for r in per[(form, fill)])
+                adv = statistics.median(r["advance_ms_median"] for r in per[(form, fill)])
                 r = {
                     "schema": schema, "rows": rows, "tokens": form, "fill": fill,
-                    "fill_ms_median": statistics.median(ms), "fill_ms_runs": ms,
+                    "fill_ms_median": statistics.median(ms), "fill_ms_runs": ms, "advance_ms_median": adv,
                     "us_per_row": statistics.median(ms) / rows * 1e3,
                     "templates": per[(form, fill)][0]["templates"],
                     "speedup_vs_python_serial": base / statistics.median(ms),
@@ -172,7 +180,7 @@ def main() -> None:
                 results["runs"].append(r)
                 spread = f"{ms[0]:.2f}-{ms[-1]:.2f}"
                 print(f"{schema:11s} {rows:5d} {form:7s} {fill:11s} {r['fill_ms_median']:8.3f} {r['us_per_row']:7.1f} "
-                      f"{spread:>17s} {r['speedup_vs_python_serial']:16.2f}x", flush=True)  # fmt: skip
+                      f"{spread:>17s} {r['speedup_vs_python_serial']:16.2f}x {adv:10.3f}", flush=True)  # fmt: skip
     Path(args.out).write_text(json.dumps(results, indent=1))
 
 

@@ -89,15 +89,17 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     assert torch.equal(small, want[:8]) and few._executor is None
 
 
-def test_advancing_a_steps_rows_together_is_advancing_each(grammars: Grammars) -> None:
+def test_advancing_a_steps_rows_together_is_advancing_each(grammars: Grammars, monkeypatch: pytest.MonkeyPatch) -> None:
     """``advance_all`` (a commit's grammar rows in one call, on the pool at 32+ rows) gives
     each row what ``advance`` gives, a refused token included, and leaves the matchers where
     one-by-one advances leave them (their next masks and cache prefixes agree)."""
     pytest.importorskip("aserve.sampling._grammar_tokens")
     import torch
 
+    from aserve.sampling import grammar as grammar_mod
     from aserve.sampling.grammar import MaskFiller, advance_all
 
+    monkeypatch.setattr(grammar_mod, "_MIN_POOL_ADVANCE", 32)  # 40 rows: enough for the pool here
     filler = MaskFiller("executor:2")
     spec = StructuredOutputs(json={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}})
     tok = grammars._tokenizer
