@@ -197,9 +197,10 @@ class Grammars:
 
         Copies of one compiled matcher share its lexer behind one lock (llguidance's parser
         keeps it in an ``Arc<Mutex<..>>`` that ``deep_copy`` shares), so their masks cannot be
-        computed at the same time: two threads filling copies of one template ran 2.4x slower
-        than one thread on this project's 2-core VM, copies of two templates, one per thread,
-        2x faster (docs/benchmarks.md, "Issue 16: the lock behind the mask fill"). A grammar
+        computed at the same time: on this project's 2-core VM two Python threads filling
+        copies of one template ran 1.9x slower than one thread, and llguidance's pool of two on
+        copies of two templates (rows grouped by template) 1.8x faster than one thread
+        (docs/benchmarks.md, "Issue 16: the lock behind the mask fill"). A grammar
         therefore has up to one template per fill thread, each compiled on first use."""
         import llguidance
 
@@ -321,7 +322,7 @@ class GrammarState:
         self.key = key
         # The C table the matcher's tokenizer calls (kept alive with the matcher), if any.
         self.token_table = token_table
-        self.shard = shard  # the template the matcher was copied from (Grammars.matcher)
+        self.shard = shard  # the template the matcher was copied from (Grammars._matcher)
         self.filler = filler  # what fills its masks (fill_masks; MASK_FILLER if None)
         self.prefix: list[int] | None = [] if cache is not None and key is not None else None
 
