@@ -173,11 +173,12 @@ def main() -> None:
         never_done = aserve.StructuredOutputs(json=STRUCTURED_BENCH_SCHEMA)
         results["structured"] = []
         from aserve.sampling import grammar
+        from aserve.sampling.masks import MaskFiller
 
         # How the masks were filled: the strategy (ASERVE_MASK_FILL) and whether llguidance
         # called the C tokenizer table (the pool needs it; see aserve/bench/mask_fill.py).
         c_tokens = grammar._native_tokens() is not None and os.environ.get("ASERVE_GRAMMAR_TOKENS") != "python"
-        filler = grammar.MaskFiller.for_device("cuda" if args.device == "cuda" else "cpu")  # the engine's
+        filler = MaskFiller.for_device("cuda" if args.device == "cuda" else "cpu")  # the engine's
         results["mask_fill"] = {"spec": filler.spec, "c_tokens": c_tokens}
         for b in (int(x) for x in args.batches.split(",")):
             free = run_throughput(g, root, tok, args.device, bf16, b, plen, olen, True, b, opts)

@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from aserve.bench.device_bench import STRUCTURED_BENCH_SCHEMA
-from aserve.sampling.grammar import Grammars, MaskCache, MaskFiller, advance_all, allowed_tokens, mask_words
+from aserve.sampling.grammar import Grammars
+from aserve.sampling.masks import MaskCache, MaskFiller, advance_all, allowed_tokens, mask_words
 from aserve.sampling_params import StructuredOutputs
 from aserve.tokenizer.base import Tokenizer
 

@@ -22,7 +22,7 @@ import torch
 
 from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.extend_graphs import ExtendGraphs
-from aserve.sampling.grammar import GrammarState, fill_masks
+from aserve.sampling.masks import GrammarState, fill_masks
 from aserve.sampling.sampler import SamplingBatch, make_sampling_batch
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.policy import Plan
@@ -94,6 +94,7 @@ class StepInputs:
     # A greedy decode graph step with constrained rows: their matchers, in ``mask_rows`` order
     # (their masks are applied to the graph's logits before an argmax; no sampler inputs).
     grammar: list[GrammarState] = field(default_factory=list)
+    mask_rows: list[int] = field(default_factory=list)
 
     @property
     def grammar_states(self) -> list[GrammarState]:
@@ -101,6 +102,13 @@ class StepInputs:
         if self.sampling is not None:
             return [g for _, g in self.sampling.grammar]
         return self.grammar
+
+    @property
+    def grammar_rows(self) -> list[tuple[int, GrammarState]]:
+        """(entry, matcher) of the step's constrained rows (either path): what its commit advances."""
+        if self.sampling is not None:
+            return self.sampling.grammar
+        return list(zip(self.mask_rows, self.grammar, strict=True))
 
 
 @dataclass
@@ -307,7 +315,7 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
     if mask_rows:
         fields["mask_rows"] = mask_rows
     flat, spans = pack_int64(fields)
-    return StepInputs(flat, spans, positions, [1] * len(rows), None, grammar=grammar)
+    return StepInputs(flat, spans, positions, [1] * len(rows), None, grammar=grammar, mask_rows=mask_rows)
 
 
 def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tuple[int, int]]]:

@@ -28,7 +28,7 @@ from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
-from aserve.sampling.grammar import GrammarState, fill_masks, mask_words
+from aserve.sampling.masks import GrammarState, fill_masks, mask_words
 from aserve.sampling.sampler import (
     SampleOutput,
     apply_masks_,
@@ -123,6 +123,7 @@ class ModelRunner:
         else:
             step = self._launch_cpu(index, plan, host, defer)
         step.launch_time = t0
+        step.grammar_rows = host.grammar_rows
         step.plan_s = plan_s
         step.launch_s = time.perf_counter() - t0
         return step

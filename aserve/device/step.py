@@ -68,6 +68,8 @@ class Step:
     finish_launch: Callable[[], None] | None = None
     # (entry, first prompt position, rows) of the prompt logprobs the step computed.
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
+    # (entry, GrammarState) of the rows a grammar constrains: the commit advances them.
+    grammar_rows: list[tuple[int, Any]] = field(default_factory=list)
 
     def read_outputs(self) -> StepOutputs:
         """Host copies of the sampled tokens; valid only once ``copied`` completed."""

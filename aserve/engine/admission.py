@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from aserve.engine.cell import OutputCell
 from aserve.errors import ContextLengthError, EngineOverloadedError, InvalidRequestError
-from aserve.sampling.grammar import Grammars, GrammarState
+from aserve.sampling.grammar import Grammars
+from aserve.sampling.masks import GrammarState
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.req import Req
 from aserve.sync import Signal

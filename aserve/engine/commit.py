@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import cast
 
 from aserve.device.step import Step, StepOutputs
 from aserve.logs import get_logger
 from aserve.outputs import TokenLogprob
-from aserve.sampling.grammar import GrammarState, advance_all
+from aserve.sampling.masks import advance_all
 from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 from aserve.tokenizer.detokenizer import IncrementalDetokenizer
@@ -52,16 +51,15 @@ class Committer:
             if req.finish_reason is None:
                 self._prompt_logprobs(req, outs, row, first, count)
             row += count
-        # The step's grammar rows advance first, together (aserve/sampling/grammar.py
-        # advance_all): one call for all, on the fill's pool at a large batch. Each request
-        # appears once in a step and nothing below touches another's matcher, so this is what
-        # advancing each in turn within the loop gave.
-        rows = [i for i, e in enumerate(step.entries)
-                if e.samples and e.req.grammar is not None and e.req.finish_reason is None]  # fmt: skip
+        # The step's grammar rows (known since launch) advance first, together (advance_all):
+        # one call for all, on the fill's pool at a large batch. Each request appears once in a
+        # step and nothing below touches another's matcher, so this is what advancing each in
+        # turn within the loop gave. A finished request's row is overshoot: not advanced.
+        rows = [(i, g) for i, g in step.grammar_rows if step.entries[i].req.finish_reason is None]
         advanced: dict[int, bool] = {}
         if rows:
-            states = [cast(GrammarState, step.entries[i].req.grammar) for i in rows]
-            advanced = dict(zip(rows, advance_all(states, [token_ids[i] for i in rows]), strict=True))
+            ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
+            advanced = {i: took for (i, _), took in zip(rows, ok, strict=True)}
         for i, entry in enumerate(step.entries):
             req = entry.req
             req.inflight -= 1

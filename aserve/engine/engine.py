@@ -44,7 +44,8 @@ from aserve.kv.allocator import LedgerView
 from aserve.logs import get_logger
 from aserve.outputs import CompletionResult, Delta
 from aserve.progress import phase
-from aserve.sampling.grammar import Grammars, MaskFiller
+from aserve.sampling.grammar import Grammars
+from aserve.sampling.masks import MaskFiller
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.policy import Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req

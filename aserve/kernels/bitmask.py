@@ -1,7 +1,7 @@
 """Structured outputs on the device: a grammar's allowed-token bitmask applied to the logits in
 place, in one pass.
 
-The torch definition (:func:`aserve.sampling.grammar.allowed_tokens`, then ``masked_fill`` and
+The torch definition (:func:`aserve.sampling.masks.allowed_tokens`, then ``masked_fill`` and
 ``index_put``) unpacks every row's bitmask to ``[R, V]`` int32 and bool temporaries and copies the
 masked rows twice: at 256 rows of a 262k vocabulary that is over 1 GB of device traffic and
 several kernels a step. Here each program reads 32 words of one row's mask and the matching

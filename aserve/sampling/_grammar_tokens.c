@@ -8,7 +8,7 @@
  * calls a C function with llama_tokenize's signature instead. This module is that function:
  * it answers from a table of the fragments it has seen (they are few and repeat) and calls the
  * Python encoder, under the GIL, only for a fragment it has not, so a step's masks can be
- * computed in one GIL-free call over several threads (aserve/sampling/grammar.py, MaskFiller).
+ * computed in one GIL-free call over several threads (aserve/sampling/masks.py, MaskFiller).
  *
  * Python API: new(encode, limit) -> table; address(table) -> int (llguidance's vocab_ptr);
  * tokenize_fptr() -> int; stats(table) -> (hits, misses, entries); tokenize(table, bytes, max)

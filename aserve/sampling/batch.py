@@ -68,7 +68,7 @@ class SamplingBatch:
     bias_index: Tensor | None
     bias_values: Tensor | None
     # Structured outputs: the rows with a grammar [R] int64 and their allowed-token bitmasks
-    # [R, ceil(V / 32)] int32 (aserve.sampling.grammar); None if no row has a grammar.
+    # [R, ceil(V / 32)] int32 (aserve.sampling.masks); None if no row has a grammar.
     mask_rows: Tensor | None
     mask_bits: Tensor | None
     # Host-side flags: they pick which ops run, so cheap batches skip work.

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from aserve.sampling.batch import SamplingBatch, SamplingParamsLike, make_sampling_batch
-from aserve.sampling.grammar import allowed_tokens
+from aserve.sampling.masks import allowed_tokens
 from aserve.sampling.noise import _cpu_kernel, _exp_noise, _ids_hash, _row_keys, _token_hash, uniform_noise
 from aserve.sampling_params import GREEDY_TEMPERATURE
 

@@ -45,7 +45,7 @@ class Req:
     first_token_time: float | None = None
     finish_time: float | None = None
     cell: OutputCell | None = None  # where committed tokens go (set by the engine at admission)
-    # A structured request's grammar (aserve.sampling.grammar.GrammarState), advanced by the
+    # A structured request's grammar (aserve.sampling.masks.GrammarState), advanced by the
     # committer; the planner keeps such a request at a look-ahead of zero.
     grammar: Any = None
 

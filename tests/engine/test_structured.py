@@ -199,9 +199,9 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
     draws with the serial fill. float32 steps, so a row's numbers do not depend on the batch."""
     pytest.importorskip("aserve.sampling._grammar_tokens")
     jobs = [(PROMPTS[i % 4], _params(StructuredOutputs(json=SCHEMAS[i % 10]), seed=i)) for i in range(40)]
-    from aserve.sampling import grammar
+    from aserve.sampling import masks
 
-    monkeypatch.setattr(grammar, "_MIN_POOL_ADVANCE", 32)  # the commit's advance on the pool too
+    monkeypatch.setattr(masks, "_MIN_POOL_ADVANCE", 32)  # the commit's advance on the pool too
     runs = {}
     for spec in ("serial", "executor:2"):
         monkeypatch.setenv("ASERVE_MASK_FILL", spec)  # read by the engine's MaskFiller.for_device

@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from aserve.kernels.bitmask import apply_bitmask_
-from aserve.sampling.grammar import allowed_tokens, mask_words
+from aserve.sampling.masks import allowed_tokens, mask_words
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""Grammar masks (aserve/sampling/grammar.py): a finished matcher's, the greedy fallback for
+"""Grammar masks (aserve/sampling/grammar.py, masks.py): a finished matcher's, the greedy fallback for
 forced bytes, the C tokenizer table against the Python callback, the executor against the
 serial fill, and the mask cache."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from aserve.sampling.grammar import Grammars, _GreedyTokenizer, fill_masks, mask_words
+from aserve.sampling.grammar import Grammars, _GreedyTokenizer
+from aserve.sampling.masks import fill_masks, mask_words
 from aserve.sampling_params import StructuredOutputs
 
 pytest.importorskip("llguidance")
@@ -43,7 +44,7 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     pytest.importorskip("aserve.sampling._grammar_tokens")
     import torch
 
-    from aserve.sampling.grammar import MaskCache, MaskFiller
+    from aserve.sampling.masks import MaskCache, MaskFiller
 
     filler = MaskFiller("executor:3")
     grammars.masks = MaskCache()  # nothing cached by earlier tests
@@ -96,10 +97,10 @@ def test_advancing_a_steps_rows_together_is_advancing_each(grammars: Grammars, m
     pytest.importorskip("aserve.sampling._grammar_tokens")
     import torch
 
-    from aserve.sampling import grammar as grammar_mod
-    from aserve.sampling.grammar import MaskFiller, advance_all
+    from aserve.sampling import masks as masks_mod
+    from aserve.sampling.masks import MaskFiller, advance_all
 
-    monkeypatch.setattr(grammar_mod, "_MIN_POOL_ADVANCE", 32)  # 40 rows: enough for the pool here
+    monkeypatch.setattr(masks_mod, "_MIN_POOL_ADVANCE", 32)  # 40 rows: enough for the pool here
     filler = MaskFiller("executor:2")
     spec = StructuredOutputs(json={"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}})
     tok = grammars._tokenizer
@@ -131,7 +132,7 @@ def test_advancing_a_steps_rows_together_is_advancing_each(grammars: Grammars, m
 
 
 def test_the_fill_strategy_is_read_from_its_spec() -> None:
-    from aserve.sampling.grammar import MaskFiller, default_fill_threads
+    from aserve.sampling.masks import MaskFiller, default_fill_threads
 
     assert MaskFiller("serial").spec == "serial"
     assert MaskFiller("executor:3").spec == "executor:3"
@@ -143,7 +144,7 @@ def test_the_fill_strategy_is_read_from_its_spec() -> None:
 
 
 def test_an_engine_fills_serially_on_a_cpu_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
-    from aserve.sampling.grammar import MaskFiller
+    from aserve.sampling.masks import MaskFiller
 
     monkeypatch.delenv("ASERVE_MASK_FILL", raising=False)
     assert MaskFiller.for_device("cpu").spec == "serial"
@@ -198,7 +199,7 @@ def test_the_c_and_python_tokenizer_forms_compute_the_same_masks(grammars: Gramm
 
     import torch
 
-    from aserve.sampling.grammar import allowed_tokens
+    from aserve.sampling.masks import allowed_tokens
 
     python_form = Grammars(grammars._tokenizer, grammars.vocab_size, native_tokens=False)
     specs = [
@@ -321,7 +322,7 @@ def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> 
 
     import torch
 
-    from aserve.sampling.grammar import MASK_CACHE_PREFIX, allowed_tokens
+    from aserve.sampling.masks import MASK_CACHE_PREFIX, allowed_tokens
 
     spec = StructuredOutputs(
         json={
