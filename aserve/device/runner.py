@@ -310,6 +310,7 @@ class ModelRunner:
         begin = stream.record(f"step{index}.forward_begin")
         if defer:
             stream.submit(lambda: result.__setitem__("fwd", self._forward(dev)))
+            forward_end = stream.record(f"step{index}.forward_end")
         materialized = DeviceEvent(f"step{index}.materialized")
         copied = DeviceEvent(f"step{index}.copied")
 
@@ -333,6 +334,7 @@ class ModelRunner:
 
             def finish() -> None:
                 masked = _with_masks(dev, fill_masks(grammar))
+                step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
                 sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked))
 
             step.finish_launch = finish
@@ -359,6 +361,7 @@ class ModelRunner:
         with torch.cuda.stream(self.forward_stream):
             begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin")
             fwd = self._forward(dev) if defer else None
+            forward_end = cuda_record(self.forward_stream, None, f"step{index}.forward_end") if defer else None
         bufs: dict[str, torch.Tensor] = {}
         if fwd is None:
             out, materialized, copied = self._sample_cuda(index, lambda: self._device_work(dev), bufs, None)
@@ -374,6 +377,9 @@ class ModelRunner:
                 keep: list[torch.Tensor] = []
                 masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
                 self.forward_stream.wait_stream(self.schedule_stream)
+                assert forward_end is not None
+                sampler_begin = cuda_record(self.forward_stream, None, f"step{index}.sampler_begin")
+                step.split_gap = (forward_end, sampler_begin)
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
                 step.keepalive += [masked, out, *keep]
 

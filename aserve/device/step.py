@@ -66,6 +66,9 @@ class Step:
     # A split launch (constrained rows whose masks wait for earlier steps' commits): launches
     # the sampler and the copy out, resolving ``materialized`` and ``copied``; None once done.
     finish_launch: Callable[[], None] | None = None
+    # A split step's (forward ended, sampler began): the device idles between them while the
+    # host commits the steps before and fills the masks; the recorder counts it as a gap.
+    split_gap: tuple[DeviceEvent, DeviceEvent] | None = None
     # (entry, first prompt position, rows) of the prompt logprobs the step computed.
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
     # (entry, GrammarState) of the rows a grammar constrains: the commit advances them.

@@ -34,6 +34,11 @@ class StepRecorder:
             if self._prev_end is not None and not step.after_idle:
                 gap = max(0.0, begin.host_time - self._prev_end.host_time)
         self._prev_end = end
+        if step.split_gap is not None:
+            # A split step: the device waited between its forward and its sampler.
+            waited = _elapsed(*step.split_gap)
+            busy -= waited
+            gap = (gap or 0.0) + waited
         self.stats.add(
             StepRecord(
                 index=step.index,
@@ -104,3 +109,10 @@ class StepRecorder:
         tr.state_span("in-flight", i, step.launch_time, dev_end)
         tr.state_span("materialized", i, dev_end, commit_t0)
         tr.state_span("committed", i, commit_end, commit_end)
+
+
+def _elapsed(a: DeviceEvent, b: DeviceEvent) -> float:
+    """Seconds from ``a`` to ``b`` on the device (CUDA timing events) or the host clock."""
+    if a.cuda_event is not None and b.cuda_event is not None:
+        return max(0.0, a.cuda_event.elapsed_time(b.cuda_event) / 1e3)
+    return max(0.0, b.host_time - a.host_time)
