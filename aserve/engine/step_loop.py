@@ -93,6 +93,7 @@ class StepLoop:
         self.split_masks = scheduler.config.constrained_lookahead
         self._deferred: Step | None = None
         self._sampled = Signal()
+        self.planned_ahead = 0  # steps planned while a split step's sampler waited (depth 3)
 
     @asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
@@ -180,8 +181,7 @@ class StepLoop:
                     planned = await self._next_plan()  # planned: holds a pipeline slot
                     if planned is None:
                         return  # the engine broke while this loop waited
-                    plan, plan_t0 = planned
-                    planned_t = time.perf_counter()
+                    plan, plan_t0, planned_t = planned
                     self._launching_since = time.monotonic()
                     try:
                         # in flight: the device runs it (a split launch: its forward, for now)
@@ -200,10 +200,10 @@ class StepLoop:
                 if step.finish_launch is not None:
                     self._deferred = step
                 self._launched_at.append(time.monotonic())
-                for seq in plan.seqs:
-                    seq.req.inflight += 1
-                    if self.recorder.trace is not None and seq.prefix_len == 0:
-                        self.recorder.trace.request_state(seq.req.rid, "running", step.launch_time)
+                if self.recorder.trace is not None:
+                    for seq in plan.seqs:
+                        if seq.prefix_len == 0:
+                            self.recorder.trace.request_state(seq.req.rid, "running", step.launch_time)
                 if self.debug:
                     self._track_pages(step, plan, +1)
                 step.depth_in_use = self.slots.in_use
@@ -216,23 +216,32 @@ class StepLoop:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the committer stopped after a device error; the engine is broken
 
-    async def _next_plan(self) -> tuple[Plan, float] | None:
-        """Take a pipeline slot and plan the next step: ``(plan, when planning began)``, or
-        None once the engine is broken.
+    async def _next_plan(self) -> tuple[Plan, float, float] | None:
+        """Take a pipeline slot and plan the next step: ``(plan, when planning began, when it
+        ended)``, or None once the engine is broken.
 
         Waits, holding no slot, while there is nothing to run; drains the pipeline first when
-        KV is short while steps are in flight (retraction needs a settled state)."""
+        KV is short while steps are in flight (retraction needs a settled state).
+
+        While a split step waits for its sampler (``_deferred``), the next step is planned at
+        once and launched once that sampler is: the plan is made while the host would
+        otherwise wait for the device, not between the sampler's launch and the next forward's.
+        Its requests count as in flight from here (``Req.inflight``), so a commit or an abort
+        meanwhile does not free KV the planned step will read."""
         await self.slots.acquire()
         while self.broken is None:
-            if self._deferred is not None:
-                await self._sampled.wait()  # its sampler launches after the next commit
-                continue
             t0 = time.perf_counter()
             self._end_stuck()
             result = self.scheduler.schedule(pipeline_busy=self.slots.in_use > 1)
             ended = self._end_stuck()  # requests whose KV allocation failed in this pass end now
             if isinstance(result, Plan):
-                return result, t0
+                planned_t = time.perf_counter()
+                for seq in result.seqs:
+                    seq.req.inflight += 1
+                self.planned_ahead += self._deferred is not None
+                while self._deferred is not None and self.broken is None:
+                    await self._sampled.wait()  # its sampler launches after the next commit
+                return (result, t0, planned_t) if self.broken is None else None
             self.slots.release()
             if result is Blocked.DRAIN:
                 await self.slots.wait_until(0)

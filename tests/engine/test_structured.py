@@ -166,11 +166,15 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -
         (p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS * 2)
     ]
     texts = {}
-    for overlap in (False, True):
-        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap, debug=True) as eng:
+    # Depth 3 (CUDA's default): the step after a split one is planned while that one's
+    # sampler waits for the commit before it (StepLoop.planned_ahead).
+    for overlap, depth in ((False, None), (True, 2), (True, 3)):
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap, overlap_depth=depth,
+                                 debug=True) as eng:  # fmt: skip
             states: list[list[str]] = []
+            split: list[Any] = []
 
-            async def watch(steps: Any, states: list[list[str]] = states) -> None:
+            async def watch(steps: Any, states: list[list[str]] = states, split: list[Any] = split) -> None:
                 # Every step's four states resolve, in order, split launches included (their
                 # materialized/copied events exist before their sampler is launched).
                 async for step in steps:
@@ -179,17 +183,31 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -
                         await getattr(step, name).wait()
                         seen.append(name)
                     states.append(seen)
+                    if step.split_gap is not None:
+                        split.append(step)
 
             async with eng.watch_steps() as steps, anyio.create_task_group() as tg:
                 tg.start_soon(watch, steps)
-                texts[overlap] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
+                texts[depth] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
                 assert await _settled(eng)
                 tg.cancel_scope.cancel()
             # Under overlap, constrained steps launch in two (the sampler after the commit its
             # masks need); serially there is never an earlier step in flight.
             assert (eng.runner.split_steps > 0) == overlap, eng.runner.split_steps
+            assert (eng._loop.planned_ahead > 0) == (depth == 3), eng._loop.planned_ahead
             assert states and all(len(s) == 4 for s in states)
-    assert texts[False] == texts[True]
+            # A split step's device time leaves out its wait between forward and sampler, which
+            # counts as idle (the events' host stamps on a CPU).
+            assert bool(split) == overlap
+            records = {r.index: r for r in eng.step_records()}
+            for step in split:
+                fwd_end, sampler_begin = step.split_gap
+                waited = sampler_begin.host_time - fwd_end.host_time
+                span = step.materialized.host_time - step.forward_begin.host_time
+                rec = records[step.index]
+                assert waited >= 0 and rec.device_busy_s == pytest.approx(span - waited)
+                assert rec.device_gap_s is not None and rec.device_gap_s >= waited
+    assert texts[None] == texts[2] == texts[3]
 
 
 @pytest.mark.slow
@@ -224,9 +242,11 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("split", ["1", "0"], ids=["split-launch", "lookahead-zero"])
+@pytest.mark.parametrize(
+    ("split", "depth"), [("1", 2), ("0", 2), ("1", 3)], ids=["split-launch", "lookahead-zero", "split-launch-depth3"]
+)
 async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
-    split: str, monkeypatch: pytest.MonkeyPatch
+    split: str, depth: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A pool of 10 pages of 16 tokens for 12 requests of ~60-80 tokens each: when they grow
     # some are retracted (their KV given back, recomputed later) while their grammars wait
@@ -235,7 +255,7 @@ async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
     monkeypatch.setenv("ASERVE_SPLIT_MASKS", split)
     per_token = 18 * 2 * 256 * 4  # Gemma 3 270M, float32: layers x (k, v) x head_dim x bytes
     async with aserve.Engine(model="gemma-3-270m", num_threads=2, kv_cache_bytes=per_token * 160,
-                             max_context=160, debug=True) as eng:  # fmt: skip
+                             max_context=160, debug=True, overlap_depth=depth) as eng:  # fmt: skip
         # ~40-token prompts, each different (no shared prefix): 3-4 pages per request.
         jobs = [
             (f"Record {i}: " + "the quick brown fox jumps over a lazy dog " * 4 + PROMPTS[i % 4],
@@ -261,6 +281,7 @@ async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
             assert out.finish_reason == "stop", (i, out.text)
             jsonschema.validate(json.loads(out.text), SCHEMAS[i % 10])
         assert eng.stats().num_retractions > 0  # the pool was too small: retraction happened
+        assert (eng._loop.planned_ahead > 0) == (depth == 3), eng._loop.planned_ahead
         with anyio.fail_after(30):
             while not eng.ledger().all_free:
                 await anyio.sleep(0.05)
