@@ -279,6 +279,9 @@ def _sampling_inputs(plan: Plan) -> tuple[SamplingInputs, list[tuple[int, int, i
             # every step would cost O(tokens generated) per step.
             out = list(req.output_ids)
             if s.pending_output:
+                # Uncommitted: the pending output and this step's. Inputs built after a commit
+                # that took the pending one would count it twice.
+                assert len(out) + 2 == req.num_launched_outputs, f"{req.rid}: pending output already committed"
                 pending.append((i, len(out), decode))
                 out.append(0)  # placeholder, replaced by the FutureMap value on the device
             sampling.outputs.append(out)

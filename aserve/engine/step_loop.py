@@ -39,6 +39,7 @@ import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from aserve.device.events import DeviceError
+from aserve.device.inputs import StepInputs
 from aserve.device.runner import ModelRunner
 from aserve.device.step import Step
 from aserve.engine.commit import Committer
@@ -181,12 +182,12 @@ class StepLoop:
                     planned = await self._next_plan()  # planned: holds a pipeline slot
                     if planned is None:
                         return  # the engine broke while this loop waited
-                    plan, plan_t0, planned_t = planned
+                    plan, host, plan_t0, planned_t, prepare_s = planned
                     self._launching_since = time.monotonic()
                     try:
                         # in flight: the device runs it (a split launch: its forward, for now)
                         step = self.runner.launch(
-                            plan, planned_t - plan_t0, self.split_masks and bool(self._uncommitted)
+                            plan, planned_t - plan_t0, self.split_masks and bool(self._uncommitted), host, prepare_s
                         )
                     finally:
                         self._launching_since = None
@@ -216,9 +217,9 @@ class StepLoop:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the committer stopped after a device error; the engine is broken
 
-    async def _next_plan(self) -> tuple[Plan, float, float] | None:
-        """Take a pipeline slot and plan the next step: ``(plan, when planning began, when it
-        ended)``, or None once the engine is broken.
+    async def _next_plan(self) -> tuple[Plan, StepInputs, float, float, float] | None:
+        """Take a pipeline slot and plan the next step: ``(plan, its host inputs, when planning
+        began, when it ended, seconds building the inputs)``, or None once the engine is broken.
 
         Waits, holding no slot, while there is nothing to run; drains the pipeline first when
         KV is short while steps are in flight (retraction needs a settled state).
@@ -226,8 +227,9 @@ class StepLoop:
         While a split step waits for its sampler (``_deferred``), the next step is planned at
         once and launched once that sampler is: the plan is made while the host would
         otherwise wait for the device, not between the sampler's launch and the next forward's.
-        Its requests count as in flight from here (``Req.inflight``), so a commit or an abort
-        meanwhile does not free KV the planned step will read."""
+        Its host inputs are built with it (they read committed state: a commit in between would
+        change what the plan decided), and its requests count as in flight from here
+        (``Req.inflight``), so a commit or an abort meanwhile does not free KV it will read."""
         await self.slots.acquire()
         while self.broken is None:
             t0 = time.perf_counter()
@@ -236,12 +238,14 @@ class StepLoop:
             ended = self._end_stuck()  # requests whose KV allocation failed in this pass end now
             if isinstance(result, Plan):
                 planned_t = time.perf_counter()
+                host = self.runner.prepare(result)
+                prepare_s = time.perf_counter() - planned_t
                 for seq in result.seqs:
                     seq.req.inflight += 1
                 self.planned_ahead += self._deferred is not None
                 while self._deferred is not None and self.broken is None:
                     await self._sampled.wait()  # its sampler launches after the next commit
-                return (result, t0, planned_t) if self.broken is None else None
+                return (result, host, t0, planned_t, prepare_s) if self.broken is None else None
             self.slots.release()
             if result is Blocked.DRAIN:
                 await self.slots.wait_until(0)

@@ -210,6 +210,25 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -
     assert texts[None] == texts[2] == texts[3]
 
 
+async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial() -> None:
+    """Depth 3 plans the step after a split one while that one's sampler waits for a commit;
+    its inputs must be built in the same stretch as its plan (a penalised decode's pending
+    output is decided there). Greedy rows with penalties beside constrained ones, against
+    the same requests run serially."""
+    penal = aserve.SamplingParams(max_tokens=24, temperature=0.0, frequency_penalty=1.5, presence_penalty=0.5,
+                                  repetition_penalty=1.3, ignore_eos=True)  # fmt: skip
+    jobs = [(p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS)]
+    jobs += [(f"{p} {i}", penal) for i, p in enumerate(PROMPTS * 2)]
+    runs = {}
+    for overlap, depth in ((False, None), (True, 3)):
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap, overlap_depth=depth,
+                                 debug=True) as eng:  # fmt: skip
+            runs[depth] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
+            assert await _settled(eng)
+            assert (eng._loop.planned_ahead > 0) == overlap, eng._loop.planned_ahead
+    assert runs[None] == runs[3]
+
+
 @pytest.mark.slow
 async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """40 seeded sampled requests over the ten schemas: the engine filling its masks on
