@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--w1-peer-requests", type=int, default=0,
                     help="transformers runs this many of the W1 requests (0: as many as aserve's max_running_requests)")  # fmt: skip
     ap.add_argument("--batches", default="64,256,512", help="the 'batch' section's decode batch sizes")
+    ap.add_argument("--profile-batch", type=int, default=64, help="requests at once in the 'profile' run")
     args = ap.parse_args()
     only = set(args.only.split(","))
     if args.device == "cpu":
@@ -211,7 +212,9 @@ def main() -> None:
     if "profile" in only:
         # With "structured" also asked for, the profiled run is the constrained one.
         profiled = aserve.StructuredOutputs(json=STRUCTURED_BENCH_SCHEMA) if "structured" in only else None
-        results["profile"] = profile_host(g, root, tok, args.device, bf16, opts, structured=profiled)
+        results["profile"] = profile_host(
+            g, root, tok, args.device, bf16, opts, structured=profiled, batch=args.profile_batch
+        )
         print(results["profile"], flush=True)
         save()
     if "kprofile" in only:

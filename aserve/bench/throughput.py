@@ -129,18 +129,19 @@ class _GcPauses:
 
 def profile_host(
     shape: str, root: Path, tok_dir: Path, device: str, dtype: str, opts: dict[str, Any],
-    structured: aserve.StructuredOutputs | None = None,
+    structured: aserve.StructuredOutputs | None = None, batch: int = 64,
 ) -> str:  # fmt: skip
-    """cProfile of the event-loop thread during a decode-heavy run: where host time goes
-    (every request constrained by ``structured`` when given)."""
+    """cProfile of the event-loop thread during a decode-heavy run of ``batch`` requests at
+    once: where host time goes (every request constrained by ``structured`` when given)."""
     import cProfile
     import io
     import pstats
 
     prof = cProfile.Profile()
     run_throughput(
-        shape, root, tok_dir, device, dtype, 64, 128, 256, True, 256, opts, profiler=prof, structured=structured
-    )
+        shape, root, tok_dir, device, dtype, batch, 128, 256, True, max(256, batch), opts, profiler=prof,
+        structured=structured,
+    )  # fmt: skip
     buf = io.StringIO()
     stats = pstats.Stats(prof, stream=buf)
     stats.sort_stats("tottime").print_stats(30)

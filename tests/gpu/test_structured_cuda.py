@@ -29,31 +29,38 @@ def test_split_launch_matches_serial_and_keeps_the_grammar(tiny_llama: tuple[Pat
 
     jobs = [(f"request {i}:", params(i)) for i in range(24)]
     free = aserve.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    # Penalised neighbours: at depth 3 (the defaults) steps planned while a split one waits
+    # build their inputs with the plan (a pending output must not be counted twice).
+    penal = aserve.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, frequency_penalty=1.5,
+                                  repetition_penalty=1.3)  # fmt: skip
 
-    async def run(overlap: bool) -> tuple[list[Any], list[int], int]:
+    async def run(overlap: bool) -> tuple[list[Any], list[list[int]], int, int]:
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, debug=True, **opts) as engine:  # fmt: skip
             outs: list[Any] = [None] * len(jobs)
-            plain: list[int] = []
+            plain: list[list[int]] = [[], [], []]
 
             async def one(i: int) -> None:
                 outs[i] = (await engine.complete(*jobs[i])).outputs[0]
 
-            async def unconstrained() -> None:
-                plain.extend((await engine.complete("a neighbour", free)).token_ids)
+            async def unconstrained(k: int) -> None:
+                params = free if k == 0 else penal
+                plain[k] = list((await engine.complete(f"a neighbour {k}", params)).outputs[0].token_ids)
 
             async with anyio.create_task_group() as tg:
-                tg.start_soon(unconstrained)
+                for k in range(len(plain)):
+                    tg.start_soon(unconstrained, k)
                 for i in range(len(jobs)):
                     tg.start_soon(one, i)
             with anyio.fail_after(60):
                 while not engine.ledger().all_free:
                     await anyio.sleep(0.01)
-            return outs, plain, engine.runner.split_steps
+            return outs, plain, engine.runner.split_steps, engine._loop.planned_ahead
 
-    serial, plain_serial, split_serial = anyio.run(run, False)
-    overlap, plain_overlap, split_overlap = anyio.run(run, True)
+    serial, plain_serial, split_serial, _ = anyio.run(run, False)
+    overlap, plain_overlap, split_overlap, ahead = anyio.run(run, True)
     assert split_serial == 0 and split_overlap > 0
+    assert (ahead > 0) == (opts == {}), ahead  # depth 3 with CUDA graphs, 2 without
     for s, o in zip(serial, overlap, strict=True):
         assert s.token_ids == o.token_ids and s.finish_reason == o.finish_reason
         assert o.finish_reason == "stop" and re.fullmatch(PATTERN, o.text), (o.finish_reason, o.text)
