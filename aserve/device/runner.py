@@ -28,7 +28,7 @@ from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
-from aserve.sampling.masks import FillJob, GrammarState, fill_masks, mask_words, start_fill
+from aserve.sampling.masks import GrammarState, fill_masks, mask_words
 from aserve.sampling.sampler import (
     SampleOutput,
     apply_masks_,
@@ -343,22 +343,12 @@ class ModelRunner:
         step.read_host = lambda: result["host"]
         if defer:
             grammar = host.grammar_states
-            words = mask_words(grammar[0].vocab_size)
-            bits = torch.empty((len(grammar), words), dtype=torch.int32)
-            fill: list[FillJob] = []
-
-            def begin_fill() -> None:
-                fill.append(start_fill(grammar, bits))
 
             def finish() -> None:
-                if not fill:
-                    begin_fill()
-                fill[0].wait()
-                masked = _with_masks(dev, bits)
+                masked = _with_masks(dev, fill_masks(grammar))
                 step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
                 sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked))
 
-            step.start_fill = begin_fill
             step.finish_launch = finish
         else:
             sample_and_copy(lambda: self._device_work(dev))
@@ -393,20 +383,11 @@ class ModelRunner:
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
             grammar = host.grammar_states
-            keep: list[torch.Tensor] = []
-            fill: list[FillJob] = []
-
-            def begin_fill() -> None:
-                # The masks, filled straight into pinned memory (on the pool's threads while the
-                # commit that called this goes on, when the filler has a pool).
-                fill.append(self._start_masks(index, grammar, keep))
 
             def finish() -> None:
-                # The masks' upload, then the sampler and the copy out.
-                if not fill:
-                    begin_fill()
-                fill[0].wait()
-                masked = _with_masks(dev, self._upload_pinned(keep[0]))
+                # The masks, filled straight into pinned memory, then the sampler and the copy out.
+                keep: list[torch.Tensor] = []
+                masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
                 self.forward_stream.wait_stream(self.schedule_stream)
                 assert forward_end is not None
                 sampler_begin = cuda_record(self.forward_stream, None, f"step{index}.sampler_begin")
@@ -414,7 +395,6 @@ class ModelRunner:
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
                 step.keepalive += [masked, out, *keep]
 
-            step.start_fill = begin_fill
             step.finish_launch = finish
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: _bufs_to_outputs(bufs)
@@ -423,22 +403,13 @@ class ModelRunner:
     def _upload_masks(self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor]) -> torch.Tensor:
         """The rows' masks, filled straight into pinned memory and copied on the schedule
         stream (the forward stream waits for it); the pinned buffer goes into ``keep``."""
-        self._start_masks(index, grammar, keep, background=False).wait()
-        return self._upload_pinned(keep[-1])
-
-    def _start_masks(
-        self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor], background: bool = True
-    ) -> FillJob:
-        """Begin filling the rows' masks into the step's pinned buffer (appended to ``keep``)."""
         words = mask_words(grammar[0].vocab_size)
         pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
-        keep.append(pinned)
-        return start_fill(grammar, pinned, background)
-
-    def _upload_pinned(self, pinned: torch.Tensor) -> torch.Tensor:
-        """A filled pinned buffer's copy to the device on the schedule stream."""
+        fill_masks(grammar, pinned)
         with torch.cuda.stream(self.schedule_stream):
-            return pinned.to(self.device, non_blocking=True)
+            bits = pinned.to(self.device, non_blocking=True)
+        keep.append(pinned)
+        return bits
 
     def _sample_cuda(
         self, index: int, work: Callable[[], SampleOutput], bufs: dict[str, torch.Tensor], step: Step | None

@@ -66,9 +66,6 @@ class Step:
     # A split launch (constrained rows whose masks wait for earlier steps' commits): launches
     # the sampler and the copy out, resolving ``materialized`` and ``copied``; None once done.
     finish_launch: Callable[[], None] | None = None
-    # ... and begins its mask fill before that (from the commit of the step before it, once that
-    # commit has advanced the grammars); ``finish_launch`` begins it itself if nobody did.
-    start_fill: Callable[[], None] | None = None
     # A split step's (forward ended, sampler began): the device idles between them while the
     # host commits the steps before and fills the masks; the recorder counts it as a gap.
     split_gap: tuple[DeviceEvent, DeviceEvent] | None = None

@@ -39,11 +39,7 @@ class Committer:
         self._stop_detok: dict[int, IncrementalDetokenizer] = {}
         self.output_tokens = 0
 
-    def commit(self, step: Step, after_advance: Callable[[], None] | None = None) -> None:
-        """Commit ``step``. ``after_advance`` runs once its grammar rows have advanced, before
-        the tokens are appended: the split step after this one starts its mask fill there,
-        which may run on other threads until its sampler launches, so nothing below reads a
-        matcher (whether each grammar is done, and a rejection's message, are read first)."""
+    def commit(self, step: Step) -> None:
         outs = step.read_outputs()
         token_ids, with_logprobs = outs.token_ids, outs.logprobs is not None
         now = time.perf_counter()
@@ -61,18 +57,9 @@ class Committer:
         # turn within the loop gave. A finished request's row is overshoot: not advanced.
         rows = [(i, g) for i, g in step.grammar_rows if step.entries[i].req.finish_reason is None]
         advanced: dict[int, bool] = {}
-        done: set[int] = set()  # rows whose language allows nothing more
-        errors: dict[int, str] = {}  # rows whose grammar rejected the token: why
         if rows:
             ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
             advanced = {i: took for (i, _), took in zip(rows, ok, strict=True)}
-            for (i, g), took in zip(rows, ok, strict=True):
-                if not took:
-                    errors[i] = g.error
-                elif g.done:
-                    done.add(i)
-        if after_advance is not None:
-            after_advance()
         for i, entry in enumerate(step.entries):
             req = entry.req
             req.inflight -= 1
@@ -99,7 +86,7 @@ class Committer:
                     logprob = None
                     if with_logprobs and req.params.logprobs is not None:
                         logprob = self._logprob(outs, i, req.params.logprobs)
-                    self._append(req, token_ids[i], logprob, now, advanced.get(i), i in done, errors.get(i))
+                    self._append(req, token_ids[i], logprob, now, advanced.get(i))
             if req.finish_reason is not None:
                 self.scheduler.release_if_done(req)
 
@@ -127,13 +114,9 @@ class Committer:
             top = tuple(zip(outs.top_ids[i][:k], outs.top_logprobs[i][:k]))
         return TokenLogprob(outs.token_ids[i], outs.logprobs[i], top)
 
-    def _append(
-        self, req: Req, token: int, logprob: TokenLogprob | None, now: float, advanced: bool | None,
-        grammar_done: bool = False, grammar_error: str | None = None,
-    ) -> None:  # fmt: skip
+    def _append(self, req: Req, token: int, logprob: TokenLogprob | None, now: float, advanced: bool | None) -> None:
         """``advanced``: whether the request's grammar took the token (``commit`` advanced it),
-        None without a grammar; ``grammar_done``: the grammar allows nothing more after it;
-        ``grammar_error``: why it did not take it."""
+        None without a grammar."""
         cell, outputs, params = req.cell, req.output_ids, req.params
         assert cell is not None, f"{req.rid} was admitted without an output cell"
         outputs.append(token)
@@ -146,16 +129,17 @@ class Committer:
         # Under min_tokens nothing stops the request early (the sampler banned its stop ids;
         # stop strings are not looked for in text that ends before min_tokens).
         may_stop = len(outputs) >= params.min_tokens
-        if advanced is False:
+        grammar = req.grammar
+        if grammar is not None and advanced is False:
             # The sampler only draws allowed tokens, so this is a fault: end the output here
             # rather than continue it outside its language.
-            log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar_error)
+            log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar.error)
             self.finish(req, "stop")
         elif token in req.stop_ids and may_stop:
             self.finish(req, "stop", token if token in params.stop_token_ids else None)
         elif params.stop and self._hit_stop_string(req, token, may_stop):
             pass  # finished inside
-        elif grammar_done:
+        elif grammar is not None and grammar.done:
             self.finish(req, "stop")  # the language allows nothing more: the output is complete
         elif req.length_reached(len(outputs)):
             self.finish(req, "length")

@@ -277,11 +277,7 @@ class StepLoop:
                 try:
                     if self.debug:
                         self._track_pages(step, None, -1)
-                    # The last commit before a split step begins that step's mask fill as soon
-                    # as the grammars have advanced (on the pool's threads, while it appends).
-                    deferred = self._deferred
-                    last = deferred is not None and self._uncommitted == {step, deferred}
-                    self.committer.commit(step, deferred.start_fill if last and deferred is not None else None)
+                    self.committer.commit(step)
                 except Exception as exc:
                     self._fail_everything(f"committing step {step.index} raised {exc!r}", exc)
                     return

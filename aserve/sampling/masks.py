@@ -20,7 +20,6 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -169,49 +168,10 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     for it, which is never committed) allows every token."""
     words = mask_words(states[0].vocab_size)
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
-    start_fill(states, masks, background=False).wait()
-    return masks
-
-
-def start_fill(states: Sequence[GrammarState], out: torch.Tensor, background: bool = True) -> FillJob:
-    """:func:`fill_masks` into ``out``, begun: with ``background`` the rows computed on the
-    filler's pool are computed on its helper thread, without the GIL, until ``wait()``. Until
-    then nothing may touch these states' matchers (the commit that starts it reads what it
-    needs of them first)."""
-    words = mask_words(states[0].vocab_size)
-    assert out.shape == (len(states), words) and out.is_contiguous() and out.dtype == torch.int32
+    assert masks.shape == (len(states), words) and masks.is_contiguous()
     filler = states[0].filler
-    return (MASK_FILLER if filler is None else filler).start(states, out.data_ptr(), words * 4, background)
-
-
-class FillJob:
-    """A fill under way (:meth:`MaskFiller.start`); ``wait()`` completes it."""
-
-    __slots__ = ("_base", "_copies", "_future", "_row_bytes", "_states", "_store")
-
-    def __init__(
-        self, states: Sequence[GrammarState], base: int, row_bytes: int, copies: list[tuple[int, int]],
-        store: dict[tuple[Any, ...], int], future: Future[Any] | None,
-    ) -> None:  # fmt: skip
-        self._states, self._base, self._row_bytes = states, base, row_bytes
-        self._copies, self._store, self._future = copies, store, future
-
-    @property
-    def background(self) -> bool:
-        """Whether rows are being computed on the helper thread (until ``wait()``)."""
-        return self._future is not None
-
-    def wait(self) -> None:
-        """The computed rows done, then the rows that copy them and the cache's new entries."""
-        if self._future is not None:
-            future, self._future = self._future, None
-            future.result()
-        base, row_bytes, states = self._base, self._row_bytes, self._states
-        for i, j in self._copies:
-            ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
-        for key, i in self._store.items():
-            cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
-        self._copies, self._store = [], {}
+    (MASK_FILLER if filler is None else filler).fill(states, masks.data_ptr(), words * 4)
+    return masks
 
 
 _MIN_POOL_ROWS = 16
@@ -246,9 +206,7 @@ class MaskFiller:
             raise ValueError(f"ASERVE_MASK_FILL: unknown strategy {spec!r} (serial, executor or executor:N)")
         self.kind = kind
         self.pool_consumes = 0  # commits whose grammar rows advanced on the pool (advance_all)
-        self.background_fills = 0  # fills whose pool work ran while the caller went on (start)
         self._executor: Any = None
-        self._helper_thread: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -263,14 +221,6 @@ class MaskFiller:
         return "serial" if self.kind == "serial" else f"executor:{self.threads}"
 
     def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
-        """Every row's mask into ``row_bytes``-long rows from address ``base``."""
-        self.start(states, base, row_bytes, background=False).wait()
-
-    def start(self, states: Sequence[GrammarState], base: int, row_bytes: int, background: bool = True) -> FillJob:
-        """:meth:`fill`, begun: the cache's answers and the stopped rows now; the rows to
-        compute now too unless they go to the pool and ``background`` holds, in which case
-        the pool computes them while the caller goes on (its helper thread waits on it
-        without the GIL). ``wait()`` on the job finishes the fill."""
         compute: list[tuple[Any, int]] = []  # (matcher, row) whose masks are computed
         first: dict[tuple[Any, ...], int] = {}  # cache key -> the step's row that computes it
         copies: list[tuple[int, int]] = []  # (row, row it copies) for rows in an earlier row's state
@@ -297,21 +247,18 @@ class MaskFiller:
                 if cache.met_again(key):
                     store[key] = i
             compute.append((m, i))
-        future = None
         if self.pooled(states, len(compute)):
             # Rows grouped by template: the pool hands each thread a contiguous run of the
             # list, so a thread mostly takes its own template's lock (Grammars._matcher).
             compute.sort(key=lambda mi: states[mi[1]].shard)
-            pool = self._pool()
-            if background:
-                future = self._helper().submit(pool.unsafe_compute_mask_ptr, compute, base, row_bytes, len(states))
-                self.background_fills += 1
-            else:
-                pool.unsafe_compute_mask_ptr(compute, base, row_bytes, len(states))
+            self._pool().unsafe_compute_mask_ptr(compute, base, row_bytes, len(states))
         else:
             for m, i in compute:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
-        return FillJob(states, base, row_bytes, copies, store, future)
+        for i, j in copies:
+            ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
+        for key, i in store.items():
+            cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
 
     def pooled(self, states: Sequence[GrammarState], rows: int) -> bool:
         """Whether ``rows`` of these states' rows go to the pool: an executor, the C table,
@@ -326,13 +273,6 @@ class MaskFiller:
 
                 self._executor = llguidance.LLExecutor(self.threads)
             return self._executor
-
-    def _helper(self) -> ThreadPoolExecutor:
-        """The thread that waits on the pool for a background fill (:meth:`start`)."""
-        with self._lock:
-            if self._helper_thread is None:
-                self._helper_thread = ThreadPoolExecutor(1, thread_name_prefix="aserve-mask-fill")
-            return self._helper_thread
 
 
 def default_fill_threads() -> int:

@@ -255,9 +255,6 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
             if spec != "serial":
                 assert filler._executor is not None, "no step had enough constrained rows for the pool"
                 assert filler.pool_consumes > 0, "no commit advanced its grammar rows on the pool"
-                # A split step's fill began in the commit before it, on the pool, while that
-                # commit appended its tokens.
-                assert filler.background_fills > 0, "no split step's fill ran in the background"
                 templates = grammars._cache[StructuredOutputs(json=SCHEMAS[0]).key].templates
                 assert len(templates) == 2
     assert runs["serial"] == runs["executor:2"]

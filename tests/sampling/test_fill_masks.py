@@ -44,7 +44,7 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     pytest.importorskip("aserve.sampling._grammar_tokens")
     import torch
 
-    from aserve.sampling.masks import MaskCache, MaskFiller, start_fill
+    from aserve.sampling.masks import MaskCache, MaskFiller
 
     filler = MaskFiller("executor:3")
     grammars.masks = MaskCache()  # nothing cached by earlier tests
@@ -84,14 +84,6 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     again = torch.zeros_like(pooled)  # now partly from the cache the pool filled
     filler.fill(states, again.data_ptr(), words * 4)
     assert torch.equal(again, want) and grammars.masks.hits >= stored
-    # Begun in the background (a split step's fill from the commit before it): the same masks
-    # once waited for; the cache's copies and stores land in wait().
-    grammars.masks._masks.clear()  # the rows' cache: every row is computed again
-    behind = torch.zeros_like(pooled)
-    job = start_fill(states, behind)
-    assert job.background and filler.background_fills == 1 and len(grammars.masks) == 0
-    job.wait()
-    assert not job.background and torch.equal(behind, want) and len(grammars.masks) > 0
     small = torch.zeros((8, words), dtype=torch.int32)  # too few rows for the pool: the loop
     few = MaskFiller("executor:3")
     few.fill(states[:8], small.data_ptr(), words * 4)
