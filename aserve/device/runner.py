@@ -26,6 +26,7 @@ from aserve.device.future_map import FutureMap
 from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
+from aserve.device.streams import on_stream
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
 from aserve.sampling.masks import GrammarState, fill_masks, mask_words
@@ -360,7 +361,7 @@ class ModelRunner:
         uploads = {"packed_i64": host.packed}
         sampling_tensors = {} if sbatch_host is None else sbatch_host.tensors()
         uploads.update({"s." + k: v for k, v in sampling_tensors.items()})
-        with torch.cuda.stream(self.schedule_stream):
+        with on_stream(self.schedule_stream):
             on_device = self.staging.upload(index, uploads, self.device)
         sbatch = None
         if sbatch_host is not None:
@@ -370,7 +371,7 @@ class ModelRunner:
         if host.grammar and not defer:
             dev = _with_masks(dev, self._upload_masks(index, host.grammar, mask_keep))
         self.forward_stream.wait_stream(self.schedule_stream)
-        with torch.cuda.stream(self.forward_stream):
+        with on_stream(self.forward_stream):
             begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin")
             fwd = self._forward(dev) if defer else None
             forward_end = cuda_record(self.forward_stream, None, f"step{index}.forward_end") if defer else None
@@ -406,7 +407,7 @@ class ModelRunner:
         words = mask_words(grammar[0].vocab_size)
         pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
         fill_masks(grammar, pinned)
-        with torch.cuda.stream(self.schedule_stream):
+        with on_stream(self.schedule_stream):
             bits = pinned.to(self.device, non_blocking=True)
         keep.append(pinned)
         return bits
@@ -418,12 +419,12 @@ class ModelRunner:
         results' copy to ``bufs`` on the copy stream; the events are recorded into ``step``'s
         placeholders when it is given."""
         waiter = self.cuda_waiter
-        with torch.cuda.stream(self.forward_stream):
+        with on_stream(self.forward_stream):
             out = work()
             materialized = cuda_record(self.forward_stream, None, f"step{index}.materialized",
                                        into=None if step is None else step.materialized)  # fmt: skip
         self.copy_stream.wait_stream(self.forward_stream)
-        with torch.cuda.stream(self.copy_stream):
+        with on_stream(self.copy_stream):
             for name in _OUTPUTS:
                 t = getattr(out, name)
                 if t is not None:
