@@ -139,6 +139,7 @@ class ModelRunner:
         step.grammar_rows = host.grammar_rows
         step.plan_s = plan_s
         step.launch_s = time.perf_counter() - t0 + prepare_s
+        step.prepare_s = prepare_s
         return step
 
     def _step(

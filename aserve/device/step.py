@@ -55,7 +55,8 @@ class Step:
     in_flight: HostMark = field(default_factory=lambda: HostMark("in_flight"))
     committed: HostMark = field(default_factory=lambda: HostMark("committed"))
     plan_s: float = 0.0
-    launch_s: float = 0.0
+    launch_s: float = 0.0  # building its inputs (``prepare_s``, with the plan) included
+    prepare_s: float = 0.0
     outputs: StepOutputs | None = None
     depth_in_use: int = 0  # pipeline slots held when it was launched
     after_idle: bool = True  # the device had nothing queued before it (no idle gap to report)

@@ -96,10 +96,15 @@ class StepRecorder:
     def _trace(self, step: Step, commit_s: float, commit_t0: float) -> None:
         tr, i = self.trace, step.index
         assert tr is not None
-        plan_t0 = step.launch_time - step.plan_s
+        # A step planned while a split step's sampler waited was planned (and its inputs built)
+        # before its launch began; the others right before it.
+        planned_end = step.planned.host_time or step.launch_time
+        plan_t0 = planned_end - step.plan_s
         commit_end = commit_t0 + commit_s
-        tr.span("plan", tr.HOST, plan_t0, step.launch_time, step=i)
-        tr.span("launch", tr.HOST, step.launch_time, step.launch_time + step.launch_s, step=i)
+        tr.span("plan", tr.HOST, plan_t0, planned_end, step=i)
+        if step.prepare_s:
+            tr.span("prepare", tr.HOST, planned_end, planned_end + step.prepare_s, step=i)
+        tr.span("launch", tr.HOST, step.launch_time, step.launch_time + step.launch_s - step.prepare_s, step=i)
         tr.span("commit", tr.HOST, commit_t0, commit_end, step=i)
         dev_begin, dev_end = self.device_clock(step.forward_begin), self.device_clock(step.materialized)
         tr.span(f"step {i}", tr.DEVICE, dev_begin, dev_end, seqs=len(step.entries), tokens=step.num_tokens)
