@@ -95,6 +95,7 @@ class StepInputs:
     # (their masks are applied to the graph's logits before an argmax; no sampler inputs).
     grammar: list[GrammarState] = field(default_factory=list)
     mask_rows: list[int] = field(default_factory=list)
+    build_s: float = 0.0  # host seconds building them (ModelRunner.prepare)
 
     @property
     def grammar_states(self) -> list[GrammarState]:

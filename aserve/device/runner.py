@@ -1,6 +1,6 @@
 """Device work for one step: inputs in, forward + sample, tokens out to the host.
 
-``ModelRunner.launch(plan)`` turns a plan into a :class:`~aserve.device.step.Step` and returns
+``ModelRunner.launch(plan, prepare(plan))`` turns a plan into a :class:`~aserve.device.step.Step` and returns
 *before* the device finishes; the step's ``materialized`` and ``copied`` events are the
 device's side of the four token states (``aserve/device/step.py``).
 
@@ -107,24 +107,21 @@ class ModelRunner:
         return self.device.type == "cuda"
 
     def prepare(self, plan: Plan) -> StepInputs:
-        """``plan``'s host inputs. They read the requests' committed state, so they are built in
-        the same synchronous stretch as the plan: a commit in between would change what the
-        plan decided (a penalised decode's pending output)."""
-        return build_inputs(plan, self.decode_graphs, self.extend_graphs)
+        """``plan``'s host inputs (``build_s``: the time that took). They read the requests'
+        committed state, so they are built in the same synchronous stretch as the plan: a commit
+        in between would change what the plan decided (a penalised decode's pending output)."""
+        t0 = time.perf_counter()
+        host = build_inputs(plan, self.decode_graphs, self.extend_graphs)
+        host.build_s = time.perf_counter() - t0
+        return host
 
-    def launch(
-        self, plan: Plan, plan_s: float = 0.0, defer_masks: bool = False, host: StepInputs | None = None,
-        prepare_s: float = 0.0,
-    ) -> Step:  # fmt: skip
-        """Launch ``plan``'s step (``host``: its inputs from :meth:`prepare`, which took
-        ``prepare_s``; built here when None). With ``defer_masks`` and rows a grammar
-        constrains, only the forward is launched: their masks need the tokens of the steps
-        still in flight, so the sampler waits for ``step.finish_launch()``, which the step loop
-        calls once every earlier step is committed (the split launch, docs/architecture.md
+    def launch(self, plan: Plan, host: StepInputs, plan_s: float = 0.0, defer_masks: bool = False) -> Step:
+        """Launch ``plan``'s step from its inputs (:meth:`prepare`). With ``defer_masks`` and rows
+        a grammar constrains, only the forward is launched: their masks need the tokens of the
+        steps still in flight, so the sampler waits for ``step.finish_launch()``, which the step
+        loop calls once every earlier step is committed (the split launch, docs/architecture.md
         "Structured outputs")."""
         t0 = time.perf_counter()
-        if host is None:
-            host = self.prepare(plan)
         if host.sampling is None:
             self.fast_graph_steps += 1
         defer = defer_masks and bool(host.grammar_states)
@@ -138,8 +135,8 @@ class ModelRunner:
         step.launch_time = t0
         step.grammar_rows = host.grammar_rows
         step.plan_s = plan_s
-        step.launch_s = time.perf_counter() - t0 + prepare_s
-        step.prepare_s = prepare_s
+        step.launch_s = time.perf_counter() - t0 + host.build_s
+        step.prepare_s = host.build_s
         return step
 
     def _step(

@@ -23,16 +23,10 @@ class StepRecorder:
 
     def record(self, step: Step, commit_s: float, commit_t0: float) -> None:
         begin, end = step.forward_begin, step.materialized
-        if begin.cuda_event is not None and end.cuda_event is not None:
-            busy = begin.cuda_event.elapsed_time(end.cuda_event) / 1e3
-            gap = None
-            if self._prev_end is not None and self._prev_end.cuda_event is not None and not step.after_idle:
-                gap = self._prev_end.cuda_event.elapsed_time(begin.cuda_event) / 1e3
-        else:
-            busy = end.host_time - begin.host_time
-            gap = None
-            if self._prev_end is not None and not step.after_idle:
-                gap = max(0.0, begin.host_time - self._prev_end.host_time)
+        busy = _elapsed(begin, end)
+        gap = None
+        if self._prev_end is not None and not step.after_idle:
+            gap = _elapsed(self._prev_end, begin)
         self._prev_end = end
         if step.split_gap is not None:
             # A split step: the device waited between its forward and its sampler.

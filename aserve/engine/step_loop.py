@@ -182,12 +182,12 @@ class StepLoop:
                     planned = await self._next_plan()  # planned: holds a pipeline slot
                     if planned is None:
                         return  # the engine broke while this loop waited
-                    plan, host, plan_t0, planned_t, prepare_s = planned
+                    plan, host, plan_t0, planned_t = planned
                     self._launching_since = time.monotonic()
                     try:
                         # in flight: the device runs it (a split launch: its forward, for now)
                         step = self.runner.launch(
-                            plan, planned_t - plan_t0, self.split_masks and bool(self._uncommitted), host, prepare_s
+                            plan, host, planned_t - plan_t0, self.split_masks and bool(self._uncommitted)
                         )
                     finally:
                         self._launching_since = None
@@ -217,9 +217,9 @@ class StepLoop:
                 except (anyio.BrokenResourceError, anyio.ClosedResourceError):
                     return  # the committer stopped after a device error; the engine is broken
 
-    async def _next_plan(self) -> tuple[Plan, StepInputs, float, float, float] | None:
+    async def _next_plan(self) -> tuple[Plan, StepInputs, float, float] | None:
         """Take a pipeline slot and plan the next step: ``(plan, its host inputs, when planning
-        began, when it ended, seconds building the inputs)``, or None once the engine is broken.
+        began, when it ended)``, or None once the engine is broken.
 
         Waits, holding no slot, while there is nothing to run; drains the pipeline first when
         KV is short while steps are in flight (retraction needs a settled state).
@@ -239,13 +239,12 @@ class StepLoop:
             if isinstance(result, Plan):
                 planned_t = time.perf_counter()
                 host = self.runner.prepare(result)
-                prepare_s = time.perf_counter() - planned_t
                 for seq in result.seqs:
                     seq.req.inflight += 1
                 self.planned_ahead += self._deferred is not None
                 while self._deferred is not None and self.broken is None:
                     await self._sampled.wait()  # its sampler launches after the next commit
-                return (result, host, t0, planned_t, prepare_s) if self.broken is None else None
+                return (result, host, t0, planned_t) if self.broken is None else None
             self.slots.release()
             if result is Blocked.DRAIN:
                 await self.slots.wait_until(0)
