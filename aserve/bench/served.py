@@ -3,6 +3,7 @@ processes, on the same work, with the client spread over several processes.
 
     python -m aserve.bench.served --out served.json [--api-workers 0,4] [--client-procs 4]
         [--requests 512] [--concurrency 256] [--len 256] [--repeats 3] [--rates 8,32,128]
+        [--trace-dir DIR]   # the engine's and each server's step trace (Perfetto), for idle hunting
 
 Random weights in the Gemma 3 270M shape (``--tiny`` for a CPU smoke run). For each setting:
 output tok/s, failed streams, and the device's busy / idle time from the server's own counters
@@ -16,6 +17,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -80,43 +82,56 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def engine_direct(path: Path, n: int, conc: int, ln: int, device: str) -> dict[str, Any]:
-    """The engine embedded, no client at all: ``n`` ``complete`` calls, ``conc`` at a time (the
-    ceiling a served path is measured against; the in-process loadgen run above also pays for
-    its client's per-token work on the same loop)."""
+def engine_direct(
+    path: Path, n: int, conc: int, ln: int, device: str, repeats: int = 1, trace_path: str | None = None
+) -> list[dict[str, Any]]:
+    """The engine embedded, no client at all: ``n`` ``complete`` calls, ``conc`` at a time, run
+    ``repeats`` times on one engine (the ceiling a served path is measured against; the
+    in-process loadgen run also pays for its client's per-token work on the same loop)."""
     import random
 
     import anyio
 
     import aserve
 
-    async def run() -> dict[str, Any]:
+    async def once(engine: aserve.Engine, prompts: list[list[int]], label: str) -> dict[str, Any]:
+        params = aserve.SamplingParams(max_tokens=ln, temperature=0, ignore_eos=True)
+        sem = anyio.Semaphore(conc)
+        tokens = 0
+
+        async def one(p: list[int]) -> None:
+            nonlocal tokens
+            async with sem:
+                got = len((await engine.complete(p, params)).token_ids)
+            tokens += got  # read after the await: `tokens += len(await ...)` loses updates
+
+        engine.reset_stats()
+        t0 = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for p in prompts:
+                tg.start_soon(one, p)
+        wall = time.perf_counter() - t0
+        st = engine.stats()
+        busy, gap = st.device_busy_s, st.device_gap_s
+        return {"label": label, "output_tok_s": tokens / wall, "completed": n, "failed": 0,
+                "device_busy_s": busy, "device_gap_s": gap, "device_idle_fraction": gap / (busy + gap),
+                "ttft_p50_ms": float("nan"), "ttft_p99_ms": float("nan"), "itl_p50_ms": float("nan")}  # fmt: skip
+
+    async def run() -> list[dict[str, Any]]:
         dtype = "bfloat16" if device == "cuda" else "float32"
-        async with aserve.Engine(model=str(path), device=device, dtype=dtype, max_running_requests=conc) as engine:
+        async with aserve.Engine(
+            model=str(path), device=device, dtype=dtype, max_running_requests=conc, trace_path=trace_path
+        ) as engine:
             rng = random.Random(1)
             vocab = engine.model_config.vocab_size
             prompts = [[rng.randrange(3, vocab) for _ in range(ln)] for _ in range(n)]
-            params = aserve.SamplingParams(max_tokens=ln, temperature=0, ignore_eos=True)
-            sem = anyio.Semaphore(conc)
-            tokens = 0
-
-            async def one(p: list[int]) -> None:
-                nonlocal tokens
-                async with sem:
-                    got = len((await engine.complete(p, params)).token_ids)
-                tokens += got  # read after the await: `tokens += len(await ...)` loses updates
-
-            engine.reset_stats()
-            t0 = time.perf_counter()
-            async with anyio.create_task_group() as tg:
-                for p in prompts:
-                    tg.start_soon(one, p)
-            wall = time.perf_counter() - t0
-            st = engine.stats()
-        busy, gap = st.device_busy_s, st.device_gap_s
-        return {"label": "engine.complete, no client", "output_tok_s": tokens / wall, "completed": n, "failed": 0,
-                "device_busy_s": busy, "device_gap_s": gap, "device_idle_fraction": gap / (busy + gap),
-                "ttft_p50_ms": float("nan"), "ttft_p99_ms": float("nan"), "itl_p50_ms": float("nan")}  # fmt: skip
+            # The prefix cache is flushed between runs: each run prefills its prompts, as a
+            # served run's fresh prompts do.
+            rows = []
+            for rep in range(repeats):
+                engine.flush_cache()
+                rows.append(await once(engine, prompts, f"engine.complete, no client (run {rep + 1})"))
+            return rows
 
     return anyio.run(run)
 
@@ -138,6 +153,7 @@ def main() -> int:
     ap.add_argument("--rates", default="8,32,128", help="W3 Poisson rates (empty: skip)")
     ap.add_argument("--w3-requests", type=int, default=200)
     ap.add_argument("--server-arg", action="append", default=[])
+    ap.add_argument("--trace-dir", default=None, help="write the engine's and each server's step trace here")
     a = ap.parse_args()
     work = Path(a.work_dir)
     runs = work / "served-runs"
@@ -158,7 +174,15 @@ def main() -> int:
     def save() -> None:
         Path(a.out).write_text(json.dumps(result, indent=1))
 
-    rows.append(engine_direct(path, n, conc, ln, a.device))
+    trace_dir = Path(a.trace_dir) if a.trace_dir else None
+    if trace_dir is not None:
+        trace_dir.mkdir(parents=True, exist_ok=True)
+    direct = engine_direct(path, n, conc, ln, a.device, a.repeats,
+                           None if trace_dir is None else str(trace_dir / "engine_trace.json"))  # fmt: skip
+    rows.extend(direct)
+    # Served runs are compared with the engine's median run: one run of 512 requests moves by
+    # up to 20% from run to run (how the two waves' prefill meets the decodes).
+    result["engine_median_tok_s"] = statistics.median(r["output_tok_s"] for r in direct)
     save()
     # The engine in this machine's own process, the same requests, the same concurrency.
     eng_args = ["--engine", "--engine-opt", f"model={path}"]
@@ -173,6 +197,8 @@ def main() -> int:
         cmd = [sys.executable, "-m", "aserve", "serve", "--model", str(path), "--port", str(port),
                "--served-model-name", "bench", "--max-running-requests", str(conc), "--device", a.device,
                "--api-workers", str(workers), *a.server_arg]  # fmt: skip
+        if trace_dir is not None:
+            cmd += ["--trace-path", str(trace_dir / f"server_w{workers}_trace.json")]
         log = open(runs / f"server_w{workers}.log", "wb")  # noqa: SIM115 - closed below
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
@@ -180,6 +206,7 @@ def main() -> int:
             http_args = ["--base-url", base, "--model", "bench", "--ready-timeout", "600"]
             for rep in range(a.repeats):
                 label = f"served_w{workers}_r{rep}"
+                httpx.post(base + "/admin/flush_cache", timeout=30).raise_for_status()  # as the engine's runs
                 s = _loadgen([*http_args, *work_args, "--rate", "inf", "--max-concurrency", str(conc),
                               "--client-procs", str(a.client_procs)], runs, label, env)  # fmt: skip
                 rows.append(_row(f"serve --api-workers {workers} (run {rep + 1})", s))
@@ -197,7 +224,7 @@ def main() -> int:
             log.close()
     save()
     print(f"\n{'run':<40} {'tok/s':>10} {'vs engine':>9} {'failed':>6} {'idle%':>6} {'ttft p50':>9}")
-    ref = rows[0]["output_tok_s"]
+    ref = result["engine_median_tok_s"]
     for r in rows:
         idle = r["device_idle_fraction"]
         print(f"{r['label']:<40} {r['output_tok_s']:>10,.0f} {r['output_tok_s'] / ref:>9.2f} {r['failed']:>6} "
