@@ -160,14 +160,21 @@ class CoreService:
         """One ``Outputs`` message per wake-up (per step) with every choice that has news."""
         while self.front_ends.get(fe.identity) is fe:
             items: list[m.Output] = []
-            for rid, choices in list(fe.live.items()):
-                for index, req in list(choices.items()):
+            ended: list[tuple[str, int]] = []
+            for rid, choices in fe.live.items():
+                for index, req in choices.items():
+                    cell = req.cell
+                    if cell is None or not (cell.token_ids or cell.finished):
+                        continue  # nothing new: most choices on most wake-ups but one
                     out = _take(rid, req)
                     if out is None:
                         continue
                     items.append(out)
                     if out.finish_reason is not None or out.error is not None:
-                        del choices[index]  # its last message
+                        ended.append((rid, index))  # its last message
+            for rid, index in ended:
+                choices = fe.live[rid]
+                del choices[index]
                 if not choices:
                     del fe.live[rid]
             if items:
@@ -231,6 +238,10 @@ def _take(rid: str, req: Req) -> m.Output | None:
     ids, lps = cell.take_nowait()
     if not ids and not finished:
         return None
+    if not finished and req.params.logprobs is None and cell.prompt_logprobs is None:
+        # The common case, a stream's next tokens: positional fields (the keyword form and
+        # the branches below cost ~0.4 us a choice, 256 choices a step).
+        return m.Output(rid, req.index, ids, None, None, None, None, req.cached_prompt_tokens)
     error = cell.error
     prompt_lps = None
     # The choice's first tokens, or its end without any (max_tokens 0: only the prompt's logprobs).
