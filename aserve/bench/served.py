@@ -79,7 +79,13 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
         "ttft_p50_ms": s["latency_s"]["ttft"]["p50"] * 1e3,
         "ttft_p99_ms": s["latency_s"]["ttft"]["p99"] * 1e3,
         "itl_p50_ms": s["latency_s"]["itl"]["p50"] * 1e3,
+        # The client's own event loop lag (loadgen's check that the client is not the limit).
+        "client_loop_lag_p99_ms": _ms((s.get("client") or {}).get("loop_lag_s", {}).get("p99")),
     }
+
+
+def _ms(seconds: float | None) -> float:
+    return float("nan") if seconds is None else seconds * 1e3
 
 
 def engine_direct(
@@ -223,12 +229,14 @@ def main() -> int:
             server.wait(timeout=120)
             log.close()
     save()
-    print(f"\n{'run':<40} {'tok/s':>10} {'vs engine':>9} {'failed':>6} {'idle%':>6} {'ttft p50':>9}")
+    print(f"\n{'run':<40} {'tok/s':>10} {'vs engine':>9} {'failed':>6} {'idle%':>6} {'ttft p50':>9} "
+          f"{'client lag p99':>14}")  # fmt: skip
     ref = result["engine_median_tok_s"]
     for r in rows:
         idle = r["device_idle_fraction"]
         print(f"{r['label']:<40} {r['output_tok_s']:>10,.0f} {r['output_tok_s'] / ref:>9.2f} {r['failed']:>6} "
-              f"{'' if idle is None else f'{100 * idle:.1f}':>6} {r['ttft_p50_ms']:>8.1f}ms")  # fmt: skip
+              f"{'' if idle is None else f'{100 * idle:.1f}':>6} {r['ttft_p50_ms']:>8.1f}ms "
+              f"{r.get('client_loop_lag_p99_ms', float('nan')):>12.1f}ms")  # fmt: skip
     for r in result["w3"]:
         print(f"W3 api-workers={r['api_workers']} rate={r['rate']:g}: {r['output_tok_s']:,.0f} tok/s, TTFT p50/p99 "
               f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, ITL p50 {r['itl_p50_ms']:.1f} ms")  # fmt: skip
