@@ -143,9 +143,12 @@ class _SamplingFields(_Strict):
     stop_token_ids: TokenIds | None = None  # vLLM's: end on these ids (kept in the output ids)
     include_stop_str_in_output: StrictBool | None = False  # vLLM's: keep the matched stop string
     skip_special_tokens: StrictBool | None = True  # vLLM's: leave special tokens out of the text
-    # Identify the end user or a cache key; they change nothing in the output, so they are accepted.
+    # vLLM's: each choice also carries its token ids (and the prompt's), so a client need not
+    # tokenize the text it is sent to count or check tokens.
+    return_token_ids: StrictBool | None = False
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None  # vLLM's extension
+    # Identify the end user or a cache key; they change nothing in the output, so they are accepted.
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -212,7 +215,7 @@ def _defaults(allowed: tuple[Any, ...]) -> str:
 EXTENSIONS = frozenset(
     {
         "top_k", "min_p", "repetition_penalty", "ignore_eos", "min_tokens", "stop_token_ids",
-        "include_stop_str_in_output", "skip_special_tokens", "structured_outputs",
+        "include_stop_str_in_output", "skip_special_tokens", "structured_outputs", "return_token_ids",
     }
 )  # fmt: skip
 

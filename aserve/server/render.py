@@ -59,6 +59,17 @@ class Echo:
         return self.ids[index // self.n]
 
 
+@dataclass(frozen=True)
+class PromptIds:
+    """``return_token_ids``: each choice's prompt ids; choice ``i`` belongs to prompt ``i // n``."""
+
+    ids: list[list[int]]
+    n: int
+
+    def of(self, index: int) -> list[int]:
+        return self.ids[index // self.n]
+
+
 def echo_logprobs(
     tok: Tokenizer, prompt_ids: Sequence[int], lps: Sequence[TokenLogprob | None] | None
 ) -> CompletionLogprobs:
@@ -111,7 +122,13 @@ def chat_logprobs(tok: Tokenizer, lps: Sequence[TokenLogprob]) -> ChatLogprobs:
 
 
 def completion_response(
-    tok: Tokenizer, rid: str, model: str, result: CompletionResult, want_logprobs: bool, echo: Echo | None = None
+    tok: Tokenizer,
+    rid: str,
+    model: str,
+    result: CompletionResult,
+    want_logprobs: bool,
+    echo: Echo | None = None,
+    ids: PromptIds | None = None,
 ) -> CompletionResponse:
     choices = []
     for o in result.outputs:
@@ -120,12 +137,21 @@ def completion_response(
             head = None if echo is None else echo_logprobs(tok, echo.prompt_ids(o.index), o.prompt_logprobs)
             lps = completion_logprobs(tok, o.logprobs or (), head=head)
         text = o.text if echo is None else echo.text(o.index) + o.text
-        choices.append(CompletionChoice(index=o.index, text=text, logprobs=lps, finish_reason=o.finish_reason))
+        choice = CompletionChoice(index=o.index, text=text, logprobs=lps, finish_reason=o.finish_reason)
+        if ids is not None:
+            choice.prompt_token_ids, choice.token_ids = ids.of(o.index), list(o.token_ids)
+        choices.append(choice)
     return CompletionResponse(id=rid, model=model, choices=choices, usage=usage_info(result.usage))
 
 
 def chat_response(
-    tok: Tokenizer, rid: str, model: str, result: CompletionResult, want_logprobs: bool, tools: ToolUse | None = None
+    tok: Tokenizer,
+    rid: str,
+    model: str,
+    result: CompletionResult,
+    want_logprobs: bool,
+    tools: ToolUse | None = None,
+    ids: PromptIds | None = None,
 ) -> ChatCompletionResponse:
     choices = []
     for o in result.outputs:
@@ -137,15 +163,29 @@ def chat_response(
             message = ResponseMessage(content=reply.content or None, tool_calls=[c.as_dict() for c in reply.calls])
             finish = "tool_calls" if finish == "stop" else finish
         lps = chat_logprobs(tok, o.logprobs or ()) if want_logprobs else None
-        choices.append(ChatChoice(index=o.index, message=message, logprobs=lps, finish_reason=finish))
-    return ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_info(result.usage))
+        token_ids = None if ids is None else list(o.token_ids)
+        choices.append(ChatChoice(index=o.index, message=message, logprobs=lps, finish_reason=finish,
+                                  token_ids=token_ids))  # fmt: skip
+    response = ChatCompletionResponse(id=rid, model=model, choices=choices, usage=usage_info(result.usage))
+    if ids is not None:
+        response.prompt_token_ids = ids.of(0)  # a chat request has one prompt: the conversation
+    return response
 
 
 class CompletionChunks:
     """The SSE chunks of a streamed /v1/completions (``echo`` in each choice's first one)."""
 
-    def __init__(self, tok: Tokenizer, rid: str, model: str, want_logprobs: bool, echo: Echo | None = None) -> None:
+    def __init__(
+        self,
+        tok: Tokenizer,
+        rid: str,
+        model: str,
+        want_logprobs: bool,
+        echo: Echo | None = None,
+        ids: PromptIds | None = None,
+    ) -> None:
         self.tok, self.rid, self.model, self.want_logprobs, self.echo = tok, rid, model, want_logprobs, echo
+        self.ids = ids
         self.offsets: dict[int, int] = {}
 
     def opening(self) -> list[BaseModel]:
@@ -166,6 +206,10 @@ class CompletionChunks:
         if first and self.echo is not None:
             text = self.echo.text(d.index) + text
         choice = CompletionChoice(index=d.index, text=text, logprobs=lps, finish_reason=d.finish_reason)
+        if self.ids is not None:
+            choice.token_ids = list(d.token_ids)
+            if first:
+                choice.prompt_token_ids = self.ids.of(d.index)
         return CompletionResponse(id=self.rid, model=self.model, choices=[choice])
 
     def usage(self, usage: Usage) -> BaseModel:
@@ -179,21 +223,33 @@ class ChatChunks:
     of its arguments as they are generated (as OpenAI and vLLM stream them)."""
 
     def __init__(
-        self, tok: Tokenizer, rid: str, model: str, n: int, want_logprobs: bool, tools: ToolUse | None = None
+        self,
+        tok: Tokenizer,
+        rid: str,
+        model: str,
+        n: int,
+        want_logprobs: bool,
+        tools: ToolUse | None = None,
+        ids: PromptIds | None = None,
     ) -> None:
         self.tok, self.rid, self.model, self.n, self.want_logprobs = tok, rid, model, n, want_logprobs
         self.tools = tools
+        self.ids = ids
         self.parsers: dict[int, ToolCallParser] = {}
+        self.held_ids: dict[int, list[int]] = {}  # return_token_ids of deltas held by a tool parser
 
     def _chunk(self, choices: list[ChatChunkChoice], **kw: Any) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.rid, model=self.model, choices=choices, **kw)
 
     def opening(self) -> list[BaseModel]:
         # OpenAI's first chunk of each choice carries only the role.
-        return [
-            self._chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
-            for i in range(self.n)
-        ]
+        chunks: list[BaseModel] = []
+        for i in range(self.n):
+            chunk = self._chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+            if self.ids is not None:
+                chunk.prompt_token_ids = self.ids.of(i)
+            chunks.append(chunk)
+        return chunks
 
     def delta(self, d: Delta) -> BaseModel | None:
         lps = chat_logprobs(self.tok, d.logprobs or ()) if self.want_logprobs else None
@@ -210,9 +266,14 @@ class ChatChunks:
                     finish = "tool_calls"
             tool_msg = _tool_delta(events)
             if tool_msg is None and finish is None and not lps:
+                if self.ids is not None:
+                    self.held_ids.setdefault(d.index, []).extend(d.token_ids)  # sent with the next chunk
                 return None  # held: it may still become a call
             msg = tool_msg or DeltaMessage()
-        return self._chunk([ChatChunkChoice(index=d.index, delta=msg, logprobs=lps, finish_reason=finish)])
+        choice = ChatChunkChoice(index=d.index, delta=msg, logprobs=lps, finish_reason=finish)
+        if self.ids is not None:
+            choice.token_ids = self.held_ids.pop(d.index, []) + list(d.token_ids)
+        return self._chunk([choice])
 
     def usage(self, usage: Usage) -> BaseModel:
         return self._chunk([], usage=usage_info(usage))

@@ -15,6 +15,11 @@ def _now() -> int:
     return int(time.time())
 
 
+def _ids_field() -> Any:
+    """vLLM's ``return_token_ids`` fields: left out of the body unless asked for."""
+    return Field(None, exclude_if=lambda v: v is None)
+
+
 class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
@@ -39,6 +44,10 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
+    # With return_token_ids: the prompt's ids (a stream's first chunk of the choice) and the
+    # generated ids (this chunk's, or all of them).
+    prompt_token_ids: list[int] | None = _ids_field()
+    token_ids: list[int] | None = _ids_field()
 
 
 class CompletionResponse(BaseModel):
@@ -81,6 +90,7 @@ class ChatChoice(BaseModel):
     message: ResponseMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = _ids_field()  # return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -90,6 +100,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: UsageInfo
+    prompt_token_ids: list[int] | None = _ids_field()  # return_token_ids: the rendered conversation's
 
 
 class ChatChunkChoice(BaseModel):
@@ -97,6 +108,7 @@ class ChatChunkChoice(BaseModel):
     delta: DeltaMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = _ids_field()  # return_token_ids: this chunk's
 
 
 class ChatCompletionChunk(BaseModel):
@@ -106,6 +118,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = _ids_field()  # return_token_ids: in each choice's first chunk
 
 
 class TokenizeResponse(BaseModel):

@@ -35,6 +35,7 @@ from aserve.server.render import (
     ChatChunks,
     CompletionChunks,
     Echo,
+    PromptIds,
     chat_response,
     completion_response,
 )
@@ -229,6 +230,7 @@ async def _generate(
         rid = prefix + request.state.request_id
         want_lps = params.logprobs is not None
         ids = [p.ids for p in prompts]
+        ids_back = PromptIds(ids, params.n) if req.return_token_ids else None
         if req.stream:
             # Validates and submits synchronously: admission errors (context, queue full)
             # still get a real status, and the response starts at once.
@@ -237,9 +239,9 @@ async def _generate(
             timer.admitted(prompt_tokens)
             echo = _echo(tok, prompts, params.n) if echoes else None
             maker = (
-                ChatChunks(tok, rid, req.model, params.n, want_lps, tools)
+                ChatChunks(tok, rid, req.model, params.n, want_lps, tools, ids_back)
                 if endpoint == "chat"
-                else CompletionChunks(tok, rid, req.model, want_lps, echo)
+                else CompletionChunks(tok, rid, req.model, want_lps, echo, ids_back)
             )
             body = stream_events(
                 gen, maker, prompt_tokens=prompt_tokens, include_usage=req.include_usage, timer=timer,
@@ -260,10 +262,10 @@ async def _generate(
         timer.observe_result(result.metrics, result.usage.completion_tokens)
         timer.finish("success")
         if endpoint == "chat":
-            doc: BaseModel = chat_response(tok, rid, req.model, result, want_lps, tools)
+            doc: BaseModel = chat_response(tok, rid, req.model, result, want_lps, tools, ids_back)
         else:
             echo = _echo(tok, prompts, params.n) if echoes else None
-            doc = completion_response(tok, rid, req.model, result, want_lps, echo)
+            doc = completion_response(tok, rid, req.model, result, want_lps, echo, ids_back)
         return JSONResponse(doc.model_dump(mode="json"))
     finally:
         if not handed_off:

@@ -299,6 +299,49 @@ def test_vllm_sampling_fields(server: ServerProcess, tokenizer: Any, endpoint: s
     assert _text(endpoint, shown) == "<start_of_turn>" * 2
 
 
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_return_token_ids(server: ServerProcess, tokenizer: Any, endpoint: str) -> None:
+    """vLLM's return_token_ids: each choice carries its generated ids (a stream, each chunk's
+    ids; together the non-streamed answer's) and its prompt's ids (a stream: in the choice's
+    first chunk only); without it the bodies have no such keys."""
+    prompts = ["Hello", "The capital of France is"]
+    if endpoint == "completions":
+        path, body = _cmpl(prompt=prompts, n=2, max_tokens=5, temperature=0, ignore_eos=True)
+        want_prompts = [tokenizer.encode(p, add_special_tokens=True) for p in prompts for _ in range(2)]
+    else:
+        path, body = _chat(n=2, max_tokens=5, temperature=0, ignore_eos=True)
+    with httpx.Client(base_url=server.base_url, headers=AUTH, timeout=120) as http:
+        if endpoint == "chat":
+            conv = http.post("/tokenize", json={"model": MODEL, "messages": CHAT}).json()["tokens"]
+            want_prompts = [conv, conv]
+        plain = http.post(path, json=body).json()
+        assert all("token_ids" not in c for c in plain["choices"]) and "prompt_token_ids" not in plain
+        full = http.post(path, json={**body, "return_token_ids": True}).json()
+        raw = http.post(path, json={**body, "return_token_ids": True, "stream": True}).text
+    choices = full["choices"]
+    assert len(choices) == len(want_prompts)
+    for c in choices:
+        text = c["text"] if endpoint == "completions" else c["message"]["content"]
+        assert len(c["token_ids"]) == 5 and tokenizer.decode(c["token_ids"]) == text
+    assert sum(len(c["token_ids"]) for c in choices) == full["usage"]["completion_tokens"]
+    if endpoint == "completions":
+        assert [c["prompt_token_ids"] for c in choices] == want_prompts
+    else:
+        assert full["prompt_token_ids"] == want_prompts[0]
+    events, done = parse_sse(raw)
+    assert done
+    streamed: dict[int, list[int]] = {}
+    prompt_ids: dict[int, list[list[int]]] = {}
+    for ev in events:
+        for c in ev["choices"]:
+            streamed.setdefault(c["index"], []).extend(c.get("token_ids") or [])
+            chunk_prompt = c.get("prompt_token_ids") if endpoint == "completions" else ev.get("prompt_token_ids")
+            if chunk_prompt is not None:
+                prompt_ids.setdefault(c["index"], []).append(chunk_prompt)
+    assert streamed == {c["index"]: c["token_ids"] for c in choices}
+    assert prompt_ids == {i: [p] for i, p in enumerate(want_prompts)}
+
+
 def test_tokenize_detokenize(server: ServerProcess, tokenizer: Any) -> None:
     from aserve.tokenizer.chat import apply_chat_template
 
