@@ -34,6 +34,9 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or os.environ.get("ASERVE_API_KEY"))
     g.add_argument("--tokenizer", default=None, help="a .gguf or HF directory (default: the model's)")
     g.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    g.add_argument("--return-token-ids", action="store_true",
+                   help="ask an HTTP server for each chunk's token ids (vLLM's and aserve's return_token_ids) "
+                   "and count tokens from them instead of tokenizing every chunk's text on the client's loop")  # fmt: skip
     g.add_argument("--request-timeout", type=float, default=600.0)
     g.add_argument("--ready-timeout", type=float, default=300.0)
 

@@ -35,6 +35,7 @@ class TargetSpec:
     tokenizer: str | None = None  # a .gguf, an HF directory or "gemma-3-270m"; default: the model's
     engine_options: dict[str, Any] = field(default_factory=dict)
     ignore_eos: bool = True
+    return_token_ids: bool = False  # HTTP: chunks carry their token ids (counted from them)
     request_timeout: float = 600.0
     ready_timeout: float = 300.0
 
@@ -84,6 +85,7 @@ async def open_target(spec: TargetSpec) -> AsyncIterator[tuple[Target, Tokenizer
         api_key=spec.api_key,
         ignore_eos=spec.ignore_eos,
         request_timeout=spec.request_timeout,
+        extra_body={"return_token_ids": True} if spec.return_token_ids else None,
     )
     try:
         if spec.model is None:

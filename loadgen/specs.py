@@ -38,6 +38,7 @@ def target_spec(a: argparse.Namespace, *, require_target: bool = True) -> Target
         tokenizer=a.tokenizer,
         engine_options=parse_kv(a.engine_opt),
         ignore_eos=a.ignore_eos,
+        return_token_ids=a.return_token_ids,
         request_timeout=a.request_timeout,
         ready_timeout=a.ready_timeout,
     )

@@ -61,6 +61,7 @@ def test_poisson_run_against_the_server(server: ServerProcess, tmp_path: Path) -
     assert summary["run"]["warmup_requests"] == 2
     assert summary["run"]["model"] == SERVED  # found at /v1/models; the tokenizer named by --tokenizer
     assert summary["server"]["output_tokens"] == 200  # warm-up happened before the "before" scrape
+    assert summary["token_check"]["count_sources"] == {"tokenizer": 50}  # the chunks' text, tokenized
 
 
 def test_in_process_engine_run(tmp_path: Path) -> None:
@@ -106,11 +107,13 @@ def test_overlap_ab_in_process(tmp_path: Path) -> None:
 
 
 def test_client_processes_merge_into_one_run(server: ServerProcess, tmp_path: Path) -> None:
-    """--client-procs 3: three processes send a third each; one merged result on one clock."""
+    """--client-procs 3: three processes send a third each; one merged result on one clock.
+    With --return-token-ids (passed on to each process) every chunk is counted from its ids."""
     argv = ["run", "--base-url", server.base_url, "--api-key", API_KEY, "--num-requests", "12", "--rate", "inf"]
-    argv += ["--tokenizer", "gemma-3-270m", "--client-procs", "3", "--max-concurrency", "6"]
+    argv += ["--tokenizer", "gemma-3-270m", "--client-procs", "3", "--max-concurrency", "6", "--return-token-ids"]
     assert main([*argv, *SMALL, "--out", str(tmp_path), "--label", "fan"]) == 0
     summary = json.loads((tmp_path / "fan.json").read_text())
+    assert summary["token_check"]["count_sources"] == {"token_ids": 12}
     assert summary["requests"]["completed"] == 12 and summary["requests"]["failed"] == 0
     assert summary["tokens"]["output"] == 4 * 12 and summary["run"]["client_procs"] == 3
     assert summary["server"]["output_tokens"] == 4 * 12  # the server saw exactly the merged run
