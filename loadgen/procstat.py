@@ -98,3 +98,25 @@ def sample_tree(pid: int) -> TreeSample | None:
             continue
         rss, threads, procs = rss + r, threads + t, procs + 1
     return TreeSample(rss, sum(kinds.values()), threads, procs, dict(sorted(kinds.items())))
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds ``pid`` has used (its own threads, not its children's), or
+    None when it is gone."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()  # from field 3 (state) on
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
+def tree_cpu(pid: int) -> dict[int, float]:
+    """CPU seconds of ``pid`` and each live descendant, by pid (read them before and after a
+    run: the difference is who did the work, e.g. an engine core and its HTTP front ends)."""
+    out = {}
+    for p in descendants(pid):
+        s = cpu_seconds(p)
+        if s is not None:
+            out[p] = s
+    return out

@@ -27,6 +27,8 @@ from typing import Any
 import httpx
 import torch
 
+from loadgen.procstat import tree_cpu
+
 
 def _port() -> int:
     with socket.socket() as s:
@@ -82,6 +84,23 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
         # The client's own event loop lag (loadgen's check that the client is not the limit).
         "client_loop_lag_p99_ms": _ms((s.get("client") or {}).get("loop_lag_s", {}).get("p99")),
     }
+
+
+def _server_cpu(root: int, before: dict[int, float], after: dict[int, float], wall_s: float) -> dict[str, Any]:
+    """Where the server's CPU went over one run (its loadgen process's life, which holds the
+    run's ``wall_s``): the core (``aserve serve`` itself) and each child (the front ends, and
+    multiprocessing's helper), as fractions of one core over the run's wall time. A front end
+    near 1.0 is the limit; the core near 1.0 is its loop."""
+    used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
+    children = sorted((v for pid, v in used.items() if pid != root), reverse=True)
+    return {"core_cpu_s": used.get(root, 0.0), "children_cpu_s": children,
+            "core_busy": used.get(root, 0.0) / wall_s, "front_end_busy_max": (children[0] / wall_s) if children else 0.0}  # fmt: skip
+
+
+def _busy(r: dict[str, Any]) -> str:
+    if "core_busy" not in r:
+        return ""
+    return f"{100 * r['core_busy']:.0f}% / {100 * r['front_end_busy_max']:.0f}%"
 
 
 def _ms(seconds: float | None) -> float:
@@ -217,9 +236,12 @@ def main() -> int:
             for rep in range(a.repeats):
                 label = f"served_w{workers}_r{rep}"
                 httpx.post(base + "/admin/flush_cache", timeout=30).raise_for_status()  # as the engine's runs
+                cpu0 = tree_cpu(server.pid)
                 s = _loadgen([*http_args, *work_args, "--rate", "inf", "--max-concurrency", str(conc),
                               "--client-procs", str(a.client_procs)], runs, label, env)  # fmt: skip
-                rows.append(_row(f"serve --api-workers {workers} (run {rep + 1})", s))
+                row = _row(f"serve --api-workers {workers} (run {rep + 1})", s)
+                row.update(_server_cpu(server.pid, cpu0, tree_cpu(server.pid), s["run"]["wall_s"]))
+                rows.append(row)
                 save()
             for rate in [float(r) for r in a.rates.split(",") if r.strip()]:
                 label = f"w3_w{workers}_rate{rate:g}"
@@ -234,13 +256,14 @@ def main() -> int:
             log.close()
     save()
     print(f"\n{'run':<40} {'tok/s':>10} {'vs engine':>9} {'failed':>6} {'idle%':>6} {'ttft p50':>9} "
-          f"{'client lag p99':>14}")  # fmt: skip
+          f"{'client lag p99':>14} {'core/FE max CPU':>16}")  # fmt: skip
     ref = result["engine_median_tok_s"]
     for r in rows:
         idle = r["device_idle_fraction"]
         print(f"{r['label']:<40} {r['output_tok_s']:>10,.0f} {r['output_tok_s'] / ref:>9.2f} {r['failed']:>6} "
               f"{'' if idle is None else f'{100 * idle:.1f}':>6} {r['ttft_p50_ms']:>8.1f}ms "
-              f"{r.get('client_loop_lag_p99_ms', float('nan')):>12.1f}ms")  # fmt: skip
+              f"{r.get('client_loop_lag_p99_ms', float('nan')):>12.1f}ms "
+              f"{_busy(r):>16}")  # fmt: skip
     for r in result["w3"]:
         print(f"W3 api-workers={r['api_workers']} rate={r['rate']:g}: {r['output_tok_s']:,.0f} tok/s, TTFT p50/p99 "
               f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, ITL p50 {r['itl_p50_ms']:.1f} ms")  # fmt: skip
