@@ -32,6 +32,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from aserve.bench.served import _model_path, _port
 from aserve.ipc import messages as m
 from aserve.stats import EngineStats
 
@@ -173,7 +174,7 @@ async def _measure(a: argparse.Namespace, path: Path, work: Path) -> dict[str, A
         core = PacedCore(f"ipc://{tmp}/core", str(path), tok.vocab_size, tokens, a.step_ms / 1e3)
         stop = asyncio.Event()
         core_task = asyncio.create_task(core.run(stop))
-        port = _free_port()
+        port = _port()
         proc, sockets = _spawn_front_end(str(path), port, core.address)
         rows = []
         try:
@@ -216,14 +217,6 @@ async def _measure(a: argparse.Namespace, path: Path, work: Path) -> dict[str, A
             "step_ms": a.step_ms, "tokens": a.tokens, "client_procs": a.client_procs, "rows": rows}  # fmt: skip
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="front_end.json")
@@ -236,8 +229,6 @@ def main() -> int:
     ap.add_argument("--waves", type=int, default=2, help="requests = streams x waves")
     ap.add_argument("--client-procs", type=int, default=1)
     a = ap.parse_args()
-    from aserve.bench.served import _model_path
-
     work = Path(a.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     path = _model_path(a.model, work, a.tokenizer_dir, "tiny-gemma3")
