@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +59,10 @@ class Echo:
 
     def prompt_ids(self, index: int) -> list[int]:
         return self.ids[index // self.n]
+
+
+def _json(value: str) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()
 
 
 @dataclass(frozen=True)
@@ -187,11 +193,21 @@ class CompletionChunks:
         self.tok, self.rid, self.model, self.want_logprobs, self.echo = tok, rid, model, want_logprobs, echo
         self.ids = ids
         self.offsets: dict[int, int] = {}
+        # A plain chunk (no logprobs, echo or token ids) is rendered from these pieces, not
+        # through pydantic: the same JSON as CompletionResponse's, ~1 us against ~5 a chunk.
+        self._plain = not want_logprobs and echo is None and ids is None
+        self._head = b'data: {"id":' + _json(rid) + b',"object":"text_completion","created":'
+        self._model = b',"model":' + _json(model) + b',"choices":[{"index":'
 
     def opening(self) -> list[BaseModel]:
         return []
 
-    def delta(self, d: Delta) -> BaseModel:
+    def delta(self, d: Delta) -> BaseModel | bytes:
+        if self._plain:
+            finish = b"null" if d.finish_reason is None else _json(d.finish_reason)
+            return b"".join((self._head, str(int(time.time())).encode(), self._model, str(d.index).encode(),
+                             b',"text":', _json(d.text), b',"logprobs":null,"finish_reason":', finish,
+                             b'}],"usage":null}\n\n'))  # fmt: skip
         lps = None
         text = d.text
         first = d.index not in self.offsets

@@ -54,7 +54,8 @@ class ChunkMaker(Protocol):
 
     def opening(self) -> list[BaseModel]: ...
 
-    def delta(self, delta: Delta) -> BaseModel | None: ...  # None: nothing to send yet
+    # None: nothing to send yet; bytes: the event already rendered (a common chunk's fast path).
+    def delta(self, delta: Delta) -> BaseModel | bytes | None: ...
 
     def usage(self, usage: Usage) -> BaseModel: ...
 
@@ -91,7 +92,7 @@ async def stream_events(
             timer.on_tokens(len(delta.token_ids), streamed=True)
             chunk = maker.delta(delta)
             if chunk is not None:
-                yield event(chunk)
+                yield chunk if isinstance(chunk, bytes) else event(chunk)
         if include_usage:
             yield event(maker.usage(Usage(prompt_tokens, completion_tokens, cached_tokens())))
         outcome = "success"
