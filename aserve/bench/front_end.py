@@ -165,54 +165,68 @@ async def _ready(base: str, timeout_s: float = 120.0) -> None:
 
 async def _measure(a: argparse.Namespace, path: Path, work: Path) -> dict[str, Any]:
     from aserve.engine.setup import load_tokenizer
-    from loadgen.procstat import cpu_seconds
 
     tok = load_tokenizer(path)
+    # The front end inherits this (as the launcher's front ends do); it is put back after, so a
+    # caller in the same process (a test run) is not left pointing at a deleted directory.
+    saved = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    try:
+        with tempfile.TemporaryDirectory(prefix="aserve-fe-bench-") as tmp:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = tmp
+            return await _measure_in(a, path, work, tok, tmp)
+    finally:
+        if saved is None:
+            os.environ.pop("PROMETHEUS_MULTIPROC_DIR", None)
+        else:
+            os.environ["PROMETHEUS_MULTIPROC_DIR"] = saved
+
+
+async def _measure_in(a: argparse.Namespace, path: Path, work: Path, tok: Any, tmp: str) -> dict[str, Any]:
+    from loadgen.procstat import cpu_seconds
+
     tokens = tok.encode(_WORDS, add_special_tokens=False)
-    with tempfile.TemporaryDirectory(prefix="aserve-fe-bench-") as tmp:
-        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tmp  # as the launcher sets it for its front ends
-        core = PacedCore(f"ipc://{tmp}/core", str(path), tok.vocab_size, tokens, a.step_ms / 1e3)
-        stop = asyncio.Event()
-        core_task = asyncio.create_task(core.run(stop))
-        port = _port()
-        proc, sockets = _spawn_front_end(str(path), port, core.address)
-        rows = []
-        try:
-            base = f"http://127.0.0.1:{port}"
-            await _ready(base)
-            for streams in (int(s) for s in a.streams.split(",")):
-                label = f"fe_s{streams}"
-                cmd = [sys.executable, "-m", "loadgen", "run", "--base-url", base, "--model", "bench",
-                       "--workload", "random", "--num-requests", str(streams * a.waves), "--input-len", "16",
-                       "--output-len", str(a.tokens), "--seed", "1", "--tokenizer", str(path), "--rate", "inf",
-                       "--max-concurrency", str(streams), "--client-procs", str(a.client_procs),
-                       "--return-token-ids", "--no-progress", "--no-plots", "--out", str(work), "--label", label]  # fmt: skip
-                cpu0, sent0 = cpu_seconds(proc.pid) or 0.0, core.sent_tokens
-                await asyncio.to_thread(subprocess.run, cmd, check=True, timeout=1200, stdout=subprocess.DEVNULL)
-                cpu = (cpu_seconds(proc.pid) or 0.0) - cpu0
-                s = json.loads((work / f"{label}.json").read_text())
-                events = core.sent_tokens - sent0
-                wall = s["run"]["wall_s"]
-                row = {
-                    "streams": streams,
-                    "offered_events_per_s": streams / (a.step_ms / 1e3),
-                    "delivered_tok_s": s["throughput"]["output_tok_per_s"],
-                    "events": events,
-                    "front_end_cpu_s": cpu,
-                    "front_end_us_per_event": cpu / max(events, 1) * 1e6,
-                    "front_end_busy": cpu / wall,
-                    "client_loop_lag_p99_ms": s["client"]["loop_lag_s"]["p99"] * 1e3,
-                    "failed": s["requests"]["failed"],
-                }
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-        finally:
-            proc.terminate()
-            proc.join(30)
-            for sock in sockets.insecure_sockets:
-                sock.close()
-            stop.set()
-            await core_task
+    core = PacedCore(f"ipc://{tmp}/core", str(path), tok.vocab_size, tokens, a.step_ms / 1e3)
+    stop = asyncio.Event()
+    core_task = asyncio.create_task(core.run(stop))
+    port = _port()
+    proc, sockets = _spawn_front_end(str(path), port, core.address)
+    rows = []
+    try:
+        base = f"http://127.0.0.1:{port}"
+        await _ready(base)
+        for streams in (int(s) for s in a.streams.split(",")):
+            label = f"fe_s{streams}"
+            cmd = [sys.executable, "-m", "loadgen", "run", "--base-url", base, "--model", "bench",
+                   "--workload", "random", "--num-requests", str(streams * a.waves), "--input-len", "16",
+                   "--output-len", str(a.tokens), "--seed", "1", "--tokenizer", str(path), "--rate", "inf",
+                   "--max-concurrency", str(streams), "--client-procs", str(a.client_procs),
+                   "--return-token-ids", "--no-progress", "--no-plots", "--out", str(work), "--label", label]  # fmt: skip
+            cpu0, sent0 = cpu_seconds(proc.pid) or 0.0, core.sent_tokens
+            await asyncio.to_thread(subprocess.run, cmd, check=True, timeout=1200, stdout=subprocess.DEVNULL)
+            cpu = (cpu_seconds(proc.pid) or 0.0) - cpu0
+            s = json.loads((work / f"{label}.json").read_text())
+            events = core.sent_tokens - sent0
+            wall = s["run"]["wall_s"]
+            row = {
+                "streams": streams,
+                "offered_events_per_s": streams / (a.step_ms / 1e3),
+                "delivered_tok_s": s["throughput"]["output_tok_per_s"],
+                "events": events,
+                "front_end_cpu_s": cpu,
+                "front_end_us_per_event": cpu / max(events, 1) * 1e6,
+                "front_end_busy": cpu / wall,
+                "client_loop_lag_p99_ms": s["client"]["loop_lag_s"]["p99"] * 1e3,
+                "failed": s["requests"]["failed"],
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        proc.terminate()
+        proc.join(30)
+        for sock in sockets.insecure_sockets:
+            sock.close()
+        stop.set()
+        await core_task
     return {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(), "cpus": os.cpu_count(),
             "step_ms": a.step_ms, "tokens": a.tokens, "client_procs": a.client_procs, "rows": rows}  # fmt: skip
 
