@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from aserve.bench.served import _model_path, _port
+from aserve.bench.served import _model_path, _port, bench_parser
 from aserve.ipc import messages as m
 from aserve.stats import EngineStats
 
@@ -232,11 +232,7 @@ async def _measure_in(a: argparse.Namespace, path: Path, work: Path, tok: Any, t
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="front_end.json")
-    ap.add_argument("--work-dir", default="/tmp/aserve-bench")
-    ap.add_argument("--tokenizer-dir", default=".gpu")
-    ap.add_argument("--model", default=None, help="a checkpoint directory for the tokenizer (default: tiny Gemma 3)")
+    ap = bench_parser(__doc__, "front_end.json", "tiny Gemma 3; only its tokenizer is used")
     ap.add_argument("--streams", default="16,64")
     ap.add_argument("--step-ms", type=float, default=2.0, help="the paced core's step: one token a stream per step")
     ap.add_argument("--tokens", type=int, default=128, help="output tokens a request")

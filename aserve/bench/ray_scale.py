@@ -14,7 +14,6 @@ Prints a table, writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -24,15 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from aserve.bench.served import _loadgen, _model_path, _port, _row, _wait_ready
+from aserve.bench.served import _loadgen, _model_path, _port, _row, _wait_ready, bench_parser
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="ray_scale.json")
-    ap.add_argument("--work-dir", default="/tmp/aserve-bench")
-    ap.add_argument("--tokenizer-dir", default=".gpu")
-    ap.add_argument("--model", default=None, help="a checkpoint directory (default: random Gemma 3 270M shape)")
+    ap = bench_parser(__doc__, "ray_scale.json")
     ap.add_argument("--replicas", default="1,2")
     ap.add_argument("--rates", default="128,256", help="W3 Poisson rates, req/s")
     ap.add_argument("--w3-requests", type=int, default=200)

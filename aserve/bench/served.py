@@ -161,12 +161,20 @@ def engine_direct(
     return anyio.run(run)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default="served.json")
+def bench_parser(
+    doc: str | None, out: str, model_default: str = "random Gemma 3 270M shape"
+) -> argparse.ArgumentParser:
+    """The arguments the served-path benches share: where results go and which checkpoint."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=out)
     ap.add_argument("--work-dir", default="/tmp/aserve-bench")
     ap.add_argument("--tokenizer-dir", default=".gpu")
-    ap.add_argument("--model", default=None, help="a checkpoint directory (default: random Gemma 3 270M shape)")
+    ap.add_argument("--model", default=None, help=f"a checkpoint directory (default: {model_default})")
+    return ap
+
+
+def main() -> int:
+    ap = bench_parser(__doc__, "served.json")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and sizes (CPU smoke run)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--api-workers", default="0,4", help="front-end process counts to compare")
