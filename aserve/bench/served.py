@@ -238,8 +238,8 @@ def main() -> int:
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
             _wait_ready(base, server, runs / f"server_w{workers}.log")
-            # Chunks carry their token ids: the client counts them instead of tokenizing each
-            # chunk's text on its loop (which made the clients the limit: loop lag p99 28-113 ms).
+            # Chunks carry their token ids: the client counts them (exactly) instead of
+            # tokenizing each chunk's text.
             http_args = ["--base-url", base, "--model", "bench", "--ready-timeout", "600", "--return-token-ids"]
             for rep in range(a.repeats):
                 label = f"served_w{workers}_r{rep}"

@@ -11,6 +11,7 @@ stream, forward and sampling on the forward stream, D2H on the copy stream.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -286,16 +287,12 @@ class ModelRunner:
         decode-only step samples."""
         assert dev.mask_rows is not None and dev.mask_bits is not None, "a masked step without its masks"
         self.masked_graph_steps += 1
-        if logits.is_cuda:
-            # No inference_mode(): on CUDA the masks are written by a Triton kernel, which
-            # autograd does not see, so the graph's inference tensor may be written outside it
-            # (a profile on the H100 host charged ~0.23 ms a step to that context's exit).
+        # On CUDA the masks are a Triton kernel's raw write, which autograd does not see: no
+        # inference_mode() (a profile on the H100 host charged ~0.23 ms a step to its exit). On a
+        # CPU they are torch ops on the graph's inference tensor, which need it.
+        with contextlib.nullcontext() if logits.is_cuda else torch.inference_mode():
             apply_masks_(logits, dev.mask_rows, dev.mask_bits)
             tokens = logits.argmax(dim=-1)
-        else:
-            with torch.inference_mode():
-                apply_masks_(logits, dev.mask_rows, dev.mask_bits)
-                tokens = logits.argmax(dim=-1)
         self.future_map.publish(dev.rows, tokens, dev.gens)
         return SampleOutput(tokens, None, None, None)
 

@@ -46,34 +46,29 @@ def token_text(tok: Tokenizer, token_id: int) -> str:
 
 
 @dataclass(frozen=True)
-class Echo:
-    """What ``echo`` puts before each choice: its prompt's text (and tokens, for logprobs);
-    choice ``i`` belongs to prompt ``i // n``."""
-
-    texts: list[str]
-    ids: list[list[int]]
-    n: int
-
-    def text(self, index: int) -> str:
-        return self.texts[index // self.n]
-
-    def prompt_ids(self, index: int) -> list[int]:
-        return self.ids[index // self.n]
-
-
-def _json(value: str) -> bytes:
-    return json.dumps(value, ensure_ascii=False).encode()
-
-
-@dataclass(frozen=True)
 class PromptIds:
-    """``return_token_ids``: each choice's prompt ids; choice ``i`` belongs to prompt ``i // n``."""
+    """Each choice's prompt ids (for ``return_token_ids`` and ``echo``); choice ``i`` belongs
+    to prompt ``i // n``."""
 
     ids: list[list[int]]
     n: int
 
     def of(self, index: int) -> list[int]:
         return self.ids[index // self.n]
+
+
+@dataclass(frozen=True)
+class Echo(PromptIds):
+    """What ``echo`` puts before each choice: its prompt's text (and tokens, for logprobs)."""
+
+    texts: list[str]
+
+    def text(self, index: int) -> str:
+        return self.texts[index // self.n]
+
+
+def _json(value: str) -> bytes:
+    return json.dumps(value, ensure_ascii=False).encode()
 
 
 def echo_logprobs(
@@ -140,7 +135,7 @@ def completion_response(
     for o in result.outputs:
         lps = None
         if want_logprobs:
-            head = None if echo is None else echo_logprobs(tok, echo.prompt_ids(o.index), o.prompt_logprobs)
+            head = None if echo is None else echo_logprobs(tok, echo.of(o.index), o.prompt_logprobs)
             lps = completion_logprobs(tok, o.logprobs or (), head=head)
         text = o.text if echo is None else echo.text(o.index) + o.text
         choice = CompletionChoice(index=o.index, text=text, logprobs=lps, finish_reason=o.finish_reason)
@@ -214,7 +209,7 @@ class CompletionChunks:
         if self.want_logprobs:
             head = None
             if first and self.echo is not None:
-                head = echo_logprobs(self.tok, self.echo.prompt_ids(d.index), d.prompt_logprobs)
+                head = echo_logprobs(self.tok, self.echo.of(d.index), d.prompt_logprobs)
             lps = completion_logprobs(self.tok, d.logprobs or (), self.offsets.get(d.index, 0), head)
             self.offsets[d.index] = lps.text_offset[-1] + len(lps.tokens[-1]) if lps.tokens else 0
         else:

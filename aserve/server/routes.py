@@ -196,7 +196,7 @@ def _completion_prompts(tok: Tokenizer, prompt: str | list[Any]) -> list[_Prompt
 
 def _echo(tok: Tokenizer, prompts: list[_Prompt], n: int) -> Echo:
     texts = [p.text if p.text is not None else tok.decode(p.ids, skip_special_tokens=False) for p in prompts]
-    return Echo(texts, [p.ids for p in prompts], n)
+    return Echo(ids=[p.ids for p in prompts], n=n, texts=texts)
 
 
 async def _generate(

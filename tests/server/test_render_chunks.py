@@ -43,4 +43,6 @@ def test_chunks_with_logprobs_echo_or_ids_still_go_through_the_model() -> None:
 
     d = Delta(index=0, text="x", token_ids=[5])
     assert not isinstance(CompletionChunks(None, "r", "m", False, ids=PromptIds([[1]], 1)).delta(d), bytes)  # type: ignore[arg-type]
-    assert not isinstance(CompletionChunks(None, "r", "m", False, echo=Echo(["p"], [[1]], 1)).delta(d), bytes)  # type: ignore[arg-type]
+    assert not isinstance(
+        CompletionChunks(None, "r", "m", False, echo=Echo(ids=[[1]], n=1, texts=["p"])).delta(d), bytes
+    )  # type: ignore[arg-type]
