@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -96,6 +97,7 @@ async def cmd_run(a: argparse.Namespace) -> int:
         if a.shard:  # one of --client-procs K processes: every K-th request
             i, k = (int(x) for x in a.shard.split("/"))
             items = items[i::k]
+        barrier = await _start_barrier(a.start_barrier) if a.start_barrier else None
         for suffix, value, load in steps:
             for rep in range(a.repeats):
                 label = f"{a.label}{suffix}" + (f"_rep{rep}" if a.repeats > 1 else "")
@@ -108,6 +110,7 @@ async def cmd_run(a: argparse.Namespace) -> int:
                     "workload": dict(wspec.__dict__),
                     "sweep_value": value,
                     "repeat": rep,
+                    **({"barrier": barrier} if barrier else {}),
                 }
                 summary, records, warm = await run_once(
                     target, items, load, slo, label=label, meta=meta, progress=a.progress
@@ -123,6 +126,17 @@ async def cmd_run(a: argparse.Namespace) -> int:
         plots.goodput_vs_rate(points, out_dir / f"{a.label}_sweep_goodput_vs_rate.png")
     console.print(f"results in {out_dir}")
     return 0
+
+
+async def _start_barrier(ready_file: str) -> dict[str, float]:
+    """One of ``--client-procs`` processes, ready to send: say so (``ready_file``) and wait for
+    the parent's line on stdin, which it writes to every process at once."""
+    ready = time.perf_counter()
+    await anyio.Path(ready_file).touch()
+    line = await anyio.to_thread.run_sync(sys.stdin.readline)
+    if not line:
+        raise SystemExit("loadgen: the parent process closed the start barrier without releasing it")
+    return {"ready_perf": ready, "released_perf": time.perf_counter()}
 
 
 def _floats(text: str) -> list[float]:
@@ -147,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send from this many client processes and merge (a Python client tops out near 10k events/s)",
     )
     run.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/K: this client process's share
+    run.add_argument("--start-barrier", default=None, help=argparse.SUPPRESS)  # a ready file; stdin says go
 
     cmp_ = sub.add_parser("compare", help="ratios of every metric, B/A, with bootstrap CIs")
     cmp_.add_argument("groups", nargs="+", help="JSON summaries; join repeated runs of one setting with commas")

@@ -6,6 +6,12 @@ parent splits the workload round-robin into K shards (``--shard i/K``); each chi
 Poisson streams at rate/K are one Poisson stream at the rate). Records are put back on one
 clock (every child's ``t0_perf_counter`` is ``time.perf_counter()``, one monotonic clock per
 machine) and summarized as one run; the server's counters are read around the whole run.
+
+The children start together: each opens its target, loads its tokenizer and builds its shard,
+then marks itself ready (a file) and waits for a line on its stdin; the parent releases them all
+at once when every one is ready. Without that barrier a child that loads its tokenizer a few
+hundred milliseconds later sends its share late, and the run is stretched by the client's
+start-up, not the server's pace (a 512-request run lasts about a second on a GPU).
 """
 
 from __future__ import annotations
@@ -50,6 +56,25 @@ def _child_args(argv: list[str], i: int, k: int, out: Path, label: str, rate: fl
     return args
 
 
+def _release_together(procs: list[subprocess.Popen[bytes]], ready: list[Path], timeout_s: float) -> float:
+    """Wait until every child has marked itself ready (or one has exited, or the time is up),
+    then release them all; returns the instant of release (``time.perf_counter()``)."""
+    deadline = time.monotonic() + timeout_s
+    while not all(f.exists() for f in ready):
+        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+            break
+        time.sleep(0.002)
+    t0 = time.perf_counter()
+    for p in procs:
+        assert p.stdin is not None
+        try:
+            p.stdin.write(b"go\n")
+            p.stdin.close()
+        except BrokenPipeError:
+            pass  # that child is gone already; its exit code tells
+    return t0
+
+
 def _counters(base_url: str | None, api_key: str | None) -> dict[str, float] | None:
     if base_url is None:
         return None
@@ -65,12 +90,17 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
     out = Path(a.out)
     shard_dir = out / f"{a.label}_clients"
     before = _counters(a.base_url, a.api_key)
-    t0 = time.perf_counter()
-    cmds = [
-        [sys.executable, "-m", "loadgen", *_child_args(argv, i, k, shard_dir, a.label, a.rate, a.max_concurrency)]
-        for i in range(k)
-    ]
-    procs = [subprocess.Popen(cmd) for cmd in cmds]
+    barrier = shard_dir / "ready"
+    barrier.mkdir(parents=True, exist_ok=True)
+    ready = [barrier / str(i) for i in range(k)]
+    for f in ready:
+        f.unlink(missing_ok=True)
+    cmds = []
+    for i in range(k):
+        child = _child_args(argv, i, k, shard_dir, a.label, a.rate, a.max_concurrency)
+        cmds.append([sys.executable, "-m", "loadgen", *child, "--start-barrier", str(ready[i])])
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE) for cmd in cmds]
+    t0 = _release_together(procs, ready, a.ready_timeout + 600)
     codes = [p.wait() for p in procs]
     wall = time.perf_counter() - t0
     after = _counters(a.base_url, a.api_key)
@@ -103,8 +133,11 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
                          "processes": k, "per_process": views}  # fmt: skip
     summary["warnings"] = warnings(summary)
     summary["server"] = delta(before, after)
+    ready_at = [s["run"]["barrier"]["ready_perf"] for s in shards]
     summary["run"] = {**shards[0]["run"], "label": a.label, "client_procs": k, "wall_s": wall,
-                      "shards": [s["run"]["label"] for s in shards]}  # fmt: skip
+                      "shards": [s["run"]["label"] for s in shards],
+                      # How far apart the processes were ready: what the barrier kept out of the run.
+                      "ready_spread_s": max(ready_at) - min(ready_at)}  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     report.write_jsonl(records, out / f"{a.label}.jsonl")
     report.write_json(summary, out / f"{a.label}.json")

@@ -83,6 +83,8 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
         "itl_p50_ms": s["latency_s"]["itl"]["p50"] * 1e3,
         # The client's own event loop lag (loadgen's check that the client is not the limit).
         "client_loop_lag_p99_ms": _ms((s.get("client") or {}).get("loop_lag_s", {}).get("p99")),
+        # How far apart the client processes were ready to send (they start together regardless).
+        "client_ready_spread_ms": _ms(s["run"].get("ready_spread_s")),
     }
 
 

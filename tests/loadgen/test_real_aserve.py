@@ -121,3 +121,9 @@ def test_client_processes_merge_into_one_run(server: ServerProcess, tmp_path: Pa
     assert [s["requests"]["completed"] for s in shards] == [4, 4, 4]
     sends = sorted(json.loads(line)["send_s"] for line in (tmp_path / "fan.jsonl").read_text().splitlines())
     assert sends[0] >= 0 and sends[-1] < summary["run"]["wall_s"]  # one timeline across the processes
+    # They start together: no process is released (or sends) before every one is ready.
+    barriers = [s["run"]["barrier"] for s in shards]
+    last_ready = max(b["ready_perf"] for b in barriers)
+    assert min(b["released_perf"] for b in barriers) >= last_ready
+    assert min(s["run"]["t0_perf_counter"] for s in shards) >= last_ready
+    assert summary["run"]["ready_spread_s"] == last_ready - min(b["ready_perf"] for b in barriers)
