@@ -113,7 +113,7 @@ async def cmd_run(a: argparse.Namespace) -> int:
                     **({"barrier": barrier} if barrier else {}),
                 }
                 summary, records, warm = await run_once(
-                    target, items, load, slo, label=label, meta=meta, progress=a.progress
+                    target, items, load, slo, label=label, meta=meta, progress=a.progress, scrape=not a.shard
                 )
                 save_run(out_dir, label, summary, records, warm, do_plots=a.plots)
                 report.print_table(summary, console)

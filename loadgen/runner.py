@@ -63,10 +63,13 @@ class RunOutput:
 
 
 class Runner:
-    def __init__(self, target: Target, spec: LoadSpec, *, progress: bool = True) -> None:
+    def __init__(self, target: Target, spec: LoadSpec, *, progress: bool = True, scrape: bool = True) -> None:
         self.target = target
         self.spec = spec
         self.show_progress = progress
+        # False in one of --client-procs processes: the parent reads the server's counters
+        # around the whole run, and a scrape here would sit between the start and the first send.
+        self.scrape = scrape
         self._t0 = time.perf_counter()
 
     def now(self) -> float:
@@ -75,7 +78,7 @@ class Runner:
     async def run(self, items: Sequence[WorkItem]) -> RunOutput:
         spec = self.spec
         warm = await self._warmup(items[: spec.warmup])
-        before = await self.target.server_counters()
+        before = await self.target.server_counters() if self.scrape else None
         self._t0 = time.perf_counter()
         records: list[RequestRecord] = []
         lags: list[tuple[float, float]] = []
@@ -95,7 +98,7 @@ class Runner:
             watchers.cancel_scope.cancel()
         progress.close()
         wall = self.now()
-        after = await self.target.server_counters()
+        after = await self.target.server_counters() if self.scrape else None
         last_send = max((r.send_s for r in records if r.send_s is not None), default=0.0)
         return RunOutput(records, warm, lags, wall, last_send, before, after, timed_out, t0_perf=self._t0)
 

@@ -125,9 +125,11 @@ async def run_once(
     label: str,
     meta: dict[str, Any],
     progress: bool = True,
+    scrape: bool = True,
 ) -> tuple[dict[str, Any], list[Any], list[Any]]:
-    """Run and summarize; returns (summary, measured records, warm-up records)."""
-    out = await Runner(target, load, progress=progress).run(items)
+    """Run and summarize; returns (summary, measured records, warm-up records). ``scrape``:
+    read the server's counters just before and after the run."""
+    out = await Runner(target, load, progress=progress, scrape=scrape).run(items)
     measured = list(out.records)
     fixed_len = meta.get("workload", {}).get("range_ratio", 0) == 0 and meta.get("ignore_eos", True)
     summary = summarize(measured, slo, last_send_s=out.last_send_s, expect_exact=bool(fixed_len))

@@ -89,10 +89,11 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
 
 
 def _server_cpu(root: int, before: dict[int, float], after: dict[int, float], wall_s: float) -> dict[str, Any]:
-    """Where the server's CPU went over one run (its loadgen process's life, which holds the
-    run's ``wall_s``): the core (``aserve serve`` itself) and each child (the front ends, and
-    multiprocessing's helper), as fractions of one core over the run's wall time. A front end
-    near 1.0 is the limit; the core near 1.0 is its loop."""
+    """Where the server's CPU went over one run (read around its loadgen process's life; the
+    server is idle outside ``wall_s``, the run's first send to its last token): the core
+    (``aserve serve`` itself) and each child (the front ends, and multiprocessing's helper), as
+    fractions of one core over the run. A front end near 1.0 is the limit; the core near 1.0
+    is its loop."""
     used = {pid: after[pid] - before.get(pid, 0.0) for pid in after}
     children = sorted((v for pid, v in used.items() if pid != root), reverse=True)
     return {"core_cpu_s": used.get(root, 0.0), "children_cpu_s": children,
@@ -250,7 +251,7 @@ def main() -> int:
                 s = _loadgen([*http_args, *work_args, "--rate", "inf", "--max-concurrency", str(conc),
                               "--client-procs", str(a.client_procs)], runs, label, env)  # fmt: skip
                 row = _row(f"serve --api-workers {workers} (run {rep + 1})", s)
-                row.update(_server_cpu(server.pid, cpu0, tree_cpu(server.pid), s["run"]["wall_s"]))
+                row.update(_server_cpu(server.pid, cpu0, tree_cpu(server.pid), s["duration_s"]))
                 rows.append(row)
                 save()
             for rate in [float(r) for r in a.rates.split(",") if r.strip()]:

@@ -119,6 +119,8 @@ def test_client_processes_merge_into_one_run(server: ServerProcess, tmp_path: Pa
     assert summary["server"]["output_tokens"] == 4 * 12  # the server saw exactly the merged run
     shards = [json.loads((tmp_path / "fan_clients" / f"fan_client{i}.json").read_text()) for i in range(3)]
     assert [s["requests"]["completed"] for s in shards] == [4, 4, 4]
+    # Only the parent reads /metrics (around the whole run), not each process between go and send.
+    assert [s["server"] for s in shards] == [None, None, None]
     sends = sorted(json.loads(line)["send_s"] for line in (tmp_path / "fan.jsonl").read_text().splitlines())
     assert sends[0] >= 0 and sends[-1] < summary["run"]["wall_s"]  # one timeline across the processes
     # They start together: no process is released (or sends) before every one is ready.
