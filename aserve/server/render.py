@@ -71,6 +71,10 @@ def _json(value: str) -> bytes:
     return json.dumps(value, ensure_ascii=False).encode()
 
 
+def _int_list(values: Sequence[int]) -> bytes:
+    return b"[" + ",".join(map(str, values)).encode() + b"]"
+
+
 def echo_logprobs(
     tok: Tokenizer, prompt_ids: Sequence[int], lps: Sequence[TokenLogprob | None] | None
 ) -> CompletionLogprobs:
@@ -188,9 +192,9 @@ class CompletionChunks:
         self.tok, self.rid, self.model, self.want_logprobs, self.echo = tok, rid, model, want_logprobs, echo
         self.ids = ids
         self.offsets: dict[int, int] = {}
-        # A plain chunk (no logprobs, echo or token ids) is rendered from these pieces, not
-        # through pydantic: the same JSON as CompletionResponse's, ~1 us against ~5 a chunk.
-        self._plain = not want_logprobs and echo is None and ids is None
+        # A plain chunk (no logprobs or echo; token ids or not) is rendered from these pieces,
+        # not through pydantic: the same JSON as CompletionResponse's, ~1 us against ~5 a chunk.
+        self._plain = not want_logprobs and echo is None
         self._head = b'data: {"id":' + _json(rid) + b',"object":"text_completion","created":'
         self._model = b',"model":' + _json(model) + b',"choices":[{"index":'
 
@@ -200,8 +204,14 @@ class CompletionChunks:
     def delta(self, d: Delta) -> BaseModel | bytes:
         if self._plain:
             finish = b"null" if d.finish_reason is None else _json(d.finish_reason)
+            ids = b""
+            if self.ids is not None:
+                if d.index not in self.offsets:
+                    self.offsets[d.index] = 0
+                    ids = b',"prompt_token_ids":' + _int_list(self.ids.of(d.index))
+                ids += b',"token_ids":' + _int_list(d.token_ids)
             return b"".join((self._head, str(int(time.time())).encode(), self._model, str(d.index).encode(),
-                             b',"text":', _json(d.text), b',"logprobs":null,"finish_reason":', finish,
+                             b',"text":', _json(d.text), b',"logprobs":null,"finish_reason":', finish, ids,
                              b'}],"usage":null}\n\n'))  # fmt: skip
         lps = None
         text = d.text
