@@ -111,7 +111,14 @@ def _ms(seconds: float | None) -> float:
 
 
 def engine_direct(
-    path: Path, n: int, conc: int, ln: int, device: str, repeats: int = 1, trace_path: str | None = None
+    path: Path,
+    n: int,
+    conc: int,
+    ln: int,
+    device: str,
+    repeats: int = 1,
+    trace_path: str | None = None,
+    options: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The engine embedded, no client at all: ``n`` ``complete`` calls, ``conc`` at a time, run
     ``repeats`` times on one engine (the ceiling a served path is measured against; the
@@ -148,7 +155,12 @@ def engine_direct(
     async def run() -> list[dict[str, Any]]:
         dtype = "bfloat16" if device == "cuda" else "float32"
         async with aserve.Engine(
-            model=str(path), device=device, dtype=dtype, max_running_requests=conc, trace_path=trace_path
+            model=str(path),
+            device=device,
+            dtype=dtype,
+            max_running_requests=conc,
+            trace_path=trace_path,
+            **(options or {}),
         ) as engine:
             rng = random.Random(1)
             vocab = engine.model_config.vocab_size
@@ -191,6 +203,9 @@ def main() -> int:
     ap.add_argument("--rates", default="8,32,128", help="W3 Poisson rates (empty: skip)")
     ap.add_argument("--w3-requests", type=int, default=200)
     ap.add_argument("--server-arg", action="append", default=[])
+    ap.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE",
+                    help="an engine option for every run: the engine's, the in-process one's and the server's "
+                    "(as --key value), e.g. cuda_event_wait=spin (repeatable)")  # fmt: skip
     ap.add_argument("--trace-dir", default=None, help="write the engine's and each server's step trace here")
     a = ap.parse_args()
     work = Path(a.work_dir)
@@ -202,10 +217,15 @@ def main() -> int:
     work_args = ["--workload", "random", "--num-requests", str(n), "--input-len", str(ln), "--output-len", str(ln),
                  "--seed", "1", "--tokenizer", str(path)]  # fmt: skip
     engine_opts = [f"max_running_requests={conc}", f"device={a.device}", "dtype=bfloat16" if a.device == "cuda" else
-                   "dtype=float32"]  # fmt: skip
+                   "dtype=float32", *a.engine_opt]  # fmt: skip
+    from aserve.bench.gpu_workloads import parse_engine_opts
+
+    options = parse_engine_opts(a.engine_opt)
+    server_flags = [x for k, v in options.items() for x in (f"--{k.replace('_', '-')}", str(v))]
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
-                              "torch": torch.__version__, "model": str(path), "rows": rows, "w3": []}  # fmt: skip
+                              "torch": torch.__version__, "model": str(path), "engine_opts": options, "rows": rows,
+                              "w3": []}  # fmt: skip
     if a.device == "cuda":
         result["gpu"] = torch.cuda.get_device_name()
 
@@ -216,7 +236,7 @@ def main() -> int:
     if trace_dir is not None:
         trace_dir.mkdir(parents=True, exist_ok=True)
     direct = engine_direct(path, n, conc, ln, a.device, a.repeats,
-                           None if trace_dir is None else str(trace_dir / "engine_trace.json"))  # fmt: skip
+                           None if trace_dir is None else str(trace_dir / "engine_trace.json"), options)  # fmt: skip
     rows.extend(direct)
     # Served runs are compared with the engine's median run: one run of 512 requests moves by
     # up to 20% from run to run (how the two waves' prefill meets the decodes).
@@ -234,7 +254,7 @@ def main() -> int:
         base = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "aserve", "serve", "--model", str(path), "--port", str(port),
                "--served-model-name", "bench", "--max-running-requests", str(conc), "--device", a.device,
-               "--api-workers", str(workers), *a.server_arg]  # fmt: skip
+               "--api-workers", str(workers), *server_flags, *a.server_arg]  # fmt: skip
         if trace_dir is not None:
             cmd += ["--trace-path", str(trace_dir / f"server_w{workers}_trace.json")]
         log = open(runs / f"server_w{workers}.log", "wb")  # noqa: SIM115 - closed below

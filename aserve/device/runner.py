@@ -56,7 +56,9 @@ class ModelRunner:
         decode_graphs: DecodeGraphs | None = None,
         pipeline_depth: int = 2,
         extend_graphs: ExtendGraphs | None = None,
+        event_poll_s: float = 50e-6,
     ) -> None:
+        self.event_poll_s = event_poll_s  # between two query()s of an awaited CUDA event (0: every pass)
         self.attention_backend = attention_backend
         self.decode_graphs = decode_graphs
         self.extend_graphs = extend_graphs
@@ -374,9 +376,13 @@ class ModelRunner:
             dev = _with_masks(dev, self._upload_masks(index, host.grammar, mask_keep))
         self.forward_stream.wait_stream(self.schedule_stream)
         with on_stream(self.forward_stream):
-            begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin")
+            begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin", poll_s=self.event_poll_s)
             fwd = self._forward(dev) if defer else None
-            forward_end = cuda_record(self.forward_stream, None, f"step{index}.forward_end") if defer else None
+            forward_end = (
+                cuda_record(self.forward_stream, None, f"step{index}.forward_end", poll_s=self.event_poll_s)
+                if defer
+                else None
+            )
         bufs: dict[str, torch.Tensor] = {}
         if fwd is None:
             out, materialized, copied = self._sample_cuda(index, lambda: self._device_work(dev), bufs, None)
@@ -393,7 +399,9 @@ class ModelRunner:
                 masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
                 self.forward_stream.wait_stream(self.schedule_stream)
                 assert forward_end is not None
-                sampler_begin = cuda_record(self.forward_stream, None, f"step{index}.sampler_begin")
+                sampler_begin = cuda_record(
+                    self.forward_stream, None, f"step{index}.sampler_begin", poll_s=self.event_poll_s
+                )
                 step.split_gap = (forward_end, sampler_begin)
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
                 step.keepalive += [masked, out, *keep]
@@ -424,7 +432,8 @@ class ModelRunner:
         with on_stream(self.forward_stream):
             out = work()
             materialized = cuda_record(self.forward_stream, None, f"step{index}.materialized",
-                                       into=None if step is None else step.materialized)  # fmt: skip
+                                       into=None if step is None else step.materialized,
+                                       poll_s=self.event_poll_s)  # fmt: skip
         self.copy_stream.wait_stream(self.forward_stream)
         with on_stream(self.copy_stream):
             for name in _OUTPUTS:
@@ -436,7 +445,7 @@ class ModelRunner:
                     buf.copy_(t, non_blocking=True)
                     bufs[name] = buf
             copied = cuda_record(self.copy_stream, waiter, f"step{index}.copied",
-                                 into=None if step is None else step.copied)  # fmt: skip
+                                 into=None if step is None else step.copied, poll_s=self.event_poll_s)  # fmt: skip
         return out, materialized, copied
 
 

@@ -134,7 +134,8 @@ class Engine:
         graphs, xgraphs = build_graphs(cfg, parts, self.future_map)
         runner = ModelRunner(parts.model, parts.pool, parts.device, self.future_map, self._cpu_stream,
                              self._cuda_waiter, cfg.resolved_attention_backend, graphs,
-                             pipeline_depth=cfg.pipeline_depth, extend_graphs=xgraphs)  # fmt: skip
+                             pipeline_depth=cfg.pipeline_depth, extend_graphs=xgraphs,
+                             event_poll_s=0.0 if cfg.cuda_event_wait == "spin" else 50e-6)  # fmt: skip
         if parts.device.type == "cuda":
             for g in (graphs, xgraphs):
                 if g is not None:

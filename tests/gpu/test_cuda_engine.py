@@ -131,6 +131,23 @@ def test_defaults_are_the_fast_path_and_overlap_matches_serial(tiny_gemma: tuple
     assert anyio.run(run, True, 2) == serial  # SGLang's depth: one step ahead
 
 
+@pytest.mark.parametrize("wait", ["poll", "spin", "thread"])
+def test_every_cuda_event_wait_gives_the_serial_tokens(tiny_gemma: tuple[Path, Any], wait: str) -> None:
+    """However the loop awaits a step's CUDA events (a 50 us poll, a poll at every pass of the
+    loop, a helper thread), overlap gives serial's greedy tokens."""
+    path, _ = tiny_gemma
+    prompts = _prompts(9, seed=7)
+
+    async def run(overlap: bool, how: str) -> list[list[int]]:
+        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", overlap=overlap,
+                                 cuda_event_wait=how, max_running_requests=16, max_context=256) as engine:  # fmt: skip
+            assert engine.runner.event_poll_s == (0.0 if how == "spin" else 50e-6)
+            params = lambda i: aserve.SamplingParams(max_tokens=12 + i, temperature=0, ignore_eos=True)  # noqa: E731
+            return await complete_all(engine, prompts, params)
+
+    assert anyio.run(run, True, wait) == anyio.run(run, False, "poll")
+
+
 def test_logprobs_do_not_change_the_sampled_tokens_on_cuda(tiny_gemma: tuple[Path, Any]) -> None:
     """Seeded sampled requests give the same tokens with and without top logprobs. The D2H staging once gave the sampled ids and
     the top ids (both int64) one buffer, so the top ids' copy overwrote the tokens."""
