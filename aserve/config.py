@@ -85,11 +85,12 @@ class EngineConfig:
     num_threads: int | None = None  # torch intra-op threads on CPU
     log_format: Literal["console", "json"] = "console"
     trace_path: str | None = None  # write a Chrome trace-event JSON of the run here on exit
-    # How a coroutine awaits a CUDA event: poll query() from the loop with a 50 us sleep
-    # between asks ("poll"; on an otherwise idle asyncio loop the sleep lasts a millisecond:
-    # epoll's resolution), poll it at every pass of the loop ("spin": a core while waiting),
-    # or a helper thread blocked in cudaEventSynchronize. See docs/architecture.md.
-    cuda_event_wait: Literal["poll", "spin", "thread"] = "poll"
+    # How a coroutine awaits a CUDA event: ask query() at every pass of the loop ("spin", the
+    # default: the loop's thread stays busy while a step runs), ask it with a 50 us sleep
+    # between asks ("poll": on an otherwise idle asyncio loop that sleep lasts a millisecond,
+    # epoll's resolution), or block a helper thread in cudaEventSynchronize. Measured on the
+    # H100 host, engine alone: spin 99-107k tok/s against poll 73-91k (docs/benchmarks.md).
+    cuda_event_wait: Literal["poll", "spin", "thread"] = "spin"
     # Move every object alive after start-up (torch, transformers, the model's Python
     # objects: hundreds of thousands) out of the cyclic garbage collector's reach, as vLLM
     # does, so a collection does not traverse them on the loop that launches steps (a full
@@ -238,8 +239,8 @@ FLAG_HELP: dict[str, str] = {
     "num_threads": "torch intra-op threads on a CPU (default: torch's choice)",
     "log_format": "console lines for people, json lines for log collectors",
     "trace_path": "on exit, write a Chrome trace (chrome://tracing, Perfetto) of every step here",
-    "cuda_event_wait": "how the loop awaits a CUDA event: poll it every 50 us (at best: a millisecond on an idle "
-    "asyncio loop), poll it at every pass of the loop (spin), or block a helper thread",
+    "cuda_event_wait": "how the loop awaits a CUDA event: ask at every pass of the loop (spin, a busy core while "
+    "a step runs), every 50 us (poll; a millisecond on an idle asyncio loop), or block a helper thread",
     "gc_freeze": "move start-up objects out of the garbage collector's reach and collect its youngest generation "
     "every 50,000 allocations instead of 700 while serving (default: on with CUDA)",
     "watchdog_timeout": "seconds a launched step may take on the device before the engine is declared "

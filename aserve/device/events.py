@@ -114,7 +114,7 @@ class DeviceEvent:
         self.cuda_event = cuda_event
         self.host_time = 0.0
         # Polling mode (CUDA): ``wait`` asks the event with ``query()`` and sleeps ``poll_s``
-        # between asks, on the loop itself; no helper thread is involved.
+        # between asks (0: yields to the loop once), on the loop itself; no helper thread.
         self.poll_s = poll_s
 
     def done(self) -> bool:
@@ -245,9 +245,10 @@ def cuda_record(
     """Record a timing CUDA event on ``stream``; ``await event.wait()`` works either way.
 
     With a ``waiter`` the loop is woken by the waiter thread on completion; without one,
-    ``wait()`` polls the event every ``poll_s`` seconds (the default: measured lower latency
-    and far lower CPU cost on the H200 machine, see docs/architecture.md). Polling costs
-    nothing until somebody waits, so events only some coroutines watch take no waiter.
+    ``wait()`` asks the event every ``poll_s`` seconds, or at every pass of the loop with
+    ``poll_s=0`` (the engine's default: a sleep shorter than a millisecond lasts a millisecond
+    on an idle asyncio loop; see docs/architecture.md). Polling costs nothing until somebody
+    waits, so events only some coroutines watch take no waiter.
 
     ``into``: record into this event, created earlier without a CUDA event (a step whose
     sampler launches later); coroutines may be waiting on it already.
