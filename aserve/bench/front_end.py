@@ -216,6 +216,8 @@ async def _measure_in(a: argparse.Namespace, path: Path, work: Path, tok: Any, t
                 "front_end_us_per_event": cpu / max(events, 1) * 1e6,
                 "front_end_busy": cpu / wall,
                 "client_loop_lag_p99_ms": s["client"]["loop_lag_s"]["p99"] * 1e3,
+                "itl_p99_ms": s["latency_s"]["itl"]["p99"] * 1e3,
+                "itl_max_ms": s["latency_s"]["itl"]["max"] * 1e3,
                 "failed": s["requests"]["failed"],
             }
             rows.append(row)
@@ -245,11 +247,11 @@ def main() -> int:
     result = asyncio.run(_measure(a, path, work / "front-end-runs"))
     Path(a.out).write_text(json.dumps(result, indent=1))
     print(f"\n{'streams':>8} {'offered ev/s':>13} {'delivered tok/s':>16} {'FE us/event':>12} {'FE busy':>8} "
-          f"{'client lag p99':>15} {'failed':>7}")  # fmt: skip
+          f"{'client lag p99':>15} {'ITL p99/max':>14} {'failed':>7}")  # fmt: skip
     for r in result["rows"]:
         print(f"{r['streams']:>8} {r['offered_events_per_s']:>13,.0f} {r['delivered_tok_s']:>16,.0f} "
               f"{r['front_end_us_per_event']:>12.1f} {100 * r['front_end_busy']:>7.0f}% "
-              f"{r['client_loop_lag_p99_ms']:>13.1f}ms {r['failed']:>7}")  # fmt: skip
+              f"{r['client_loop_lag_p99_ms']:>13.1f}ms {r['itl_p99_ms']:>6.1f}/{r['itl_max_ms']:<5.0f}ms {r['failed']:>7}")  # fmt: skip
     return 0
 
 
