@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -29,6 +30,7 @@ import httpx
 from loadgen import report
 from loadgen.honesty import warnings
 from loadgen.metrics import SLO, summarize
+from loadgen.procstat import host_cpu_jiffies
 from loadgen.records import RequestRecord
 from loadgen.server_view import delta, parse_prometheus
 
@@ -101,8 +103,10 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
         cmds.append([sys.executable, "-m", "loadgen", *child, "--start-barrier", str(ready[i])])
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE) for cmd in cmds]
     t0 = _release_together(procs, ready, a.ready_timeout + 600)
+    host0 = host_cpu_jiffies()
     codes = [p.wait() for p in procs]
     wall = time.perf_counter() - t0
+    host1 = host_cpu_jiffies()
     after = _counters(a.base_url, a.api_key)
     if any(codes):
         print(f"client processes exited with {codes}", file=sys.stderr)
@@ -129,8 +133,15 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
     # The client's honesty is its slowest process's: that one's lags, every process's beside.
     views = [s["client"] for s in shards]
     worst = max(views, key=lambda v: v["loop_lag_s"].get("p99") or 0.0)
+    cpu = sum(v["cpu_s"] for v in views)
     summary["client"] = {**worst, "client_bottleneck": any(v["client_bottleneck"] for v in views),
-                         "processes": k, "per_process": views}  # fmt: skip
+                         "processes": k, "per_process": views, "cpu_s": cpu,
+                         # Cores the client processes kept busy over the run, all of them together.
+                         "cores": cpu / max(summary["duration_s"], 1e-9)}  # fmt: skip
+    # The whole host's CPUs over the processes' lives from the release (client and server alike,
+    # when both run here): near 1.0, the figure is the host's, not the server's.
+    busy, total = host1[0] - host0[0], host1[1] - host0[1]
+    summary["host"] = {"cpus": os.cpu_count(), "busy_fraction": busy / total if total else None}
     summary["warnings"] = warnings(summary)
     summary["server"] = delta(before, after)
     ready_at = [s["run"]["barrier"]["ready_perf"] for s in shards]

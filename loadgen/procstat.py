@@ -120,3 +120,11 @@ def tree_cpu(pid: int) -> dict[int, float]:
         if s is not None:
             out[p] = s
     return out
+
+
+def host_cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) clock ticks of all this host's CPUs since boot, from ``/proc/stat``; busy
+    is everything but idle and iowait. Two readings give the host's busy share between them."""
+    fields = [int(x) for x in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)

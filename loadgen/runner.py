@@ -60,6 +60,7 @@ class RunOutput:
     cancelled_at_timeout: bool = False
     t0_perf: float = 0.0  # perf_counter() at the run's t=0, to line records up with other traces
     notes: list[str] = field(default_factory=list)
+    cpu_s: float = 0.0  # this client process's CPU time over the run (all its threads)
 
 
 class Runner:
@@ -80,6 +81,7 @@ class Runner:
         warm = await self._warmup(items[: spec.warmup])
         before = await self.target.server_counters() if self.scrape else None
         self._t0 = time.perf_counter()
+        cpu0 = time.process_time()
         records: list[RequestRecord] = []
         lags: list[tuple[float, float]] = []
         progress = Progress(records, self.now, enabled=self.show_progress)
@@ -98,9 +100,10 @@ class Runner:
             watchers.cancel_scope.cancel()
         progress.close()
         wall = self.now()
+        cpu = time.process_time() - cpu0
         after = await self.target.server_counters() if self.scrape else None
         last_send = max((r.send_s for r in records if r.send_s is not None), default=0.0)
-        return RunOutput(records, warm, lags, wall, last_send, before, after, timed_out, t0_perf=self._t0)
+        return RunOutput(records, warm, lags, wall, last_send, before, after, timed_out, t0_perf=self._t0, cpu_s=cpu)
 
     async def _warmup(self, items: Sequence[WorkItem]) -> list[RequestRecord]:
         recs = [RequestRecord(i, it.prompt_len, it.max_tokens, None, warmup=True) for i, it in enumerate(items)]

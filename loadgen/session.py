@@ -133,7 +133,7 @@ async def run_once(
     measured = list(out.records)
     fixed_len = meta.get("workload", {}).get("range_ratio", 0) == 0 and meta.get("ignore_eos", True)
     summary = summarize(measured, slo, last_send_s=out.last_send_s, expect_exact=bool(fixed_len))
-    summary["client"] = client_view(measured, out.loop_lags)
+    summary["client"] = {**client_view(measured, out.loop_lags), "cpu_s": out.cpu_s}
     summary["server"] = delta(out.counters_before, out.counters_after)
     summary["run"] = {
         **meta,

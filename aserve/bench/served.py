@@ -85,6 +85,10 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
         "client_loop_lag_p99_ms": _ms((s.get("client") or {}).get("loop_lag_s", {}).get("p99")),
         # How far apart the client processes were ready to send (they start together regardless).
         "client_ready_spread_ms": _ms(s["run"].get("ready_spread_s")),
+        # Cores the client processes kept busy, and the whole host's busy share over the run:
+        # client and server share this host's CPUs.
+        "client_cores": (s.get("client") or {}).get("cores"),
+        "host_busy": (s.get("host") or {}).get("busy_fraction"),
     }
 
 
@@ -104,6 +108,10 @@ def _busy(r: dict[str, Any]) -> str:
     if "core_busy" not in r:
         return ""
     return f"{100 * r['core_busy']:.0f}% / {100 * r['front_end_busy_max']:.0f}%"
+
+
+def _num(value: float | None, scale: float, unit: str = "") -> str:
+    return "" if value is None else f"{value * scale:.1f}{unit}"
 
 
 def _ms(seconds: float | None) -> float:
@@ -287,14 +295,14 @@ def main() -> int:
             log.close()
     save()
     print(f"\n{'run':<40} {'tok/s':>10} {'vs engine':>9} {'failed':>6} {'idle%':>6} {'ttft p50':>9} "
-          f"{'client lag p99':>14} {'core/FE max CPU':>16}")  # fmt: skip
+          f"{'client lag p99':>14} {'core/FE max CPU':>16} {'client cores':>12} {'host busy':>9}")  # fmt: skip
     ref = result["engine_median_tok_s"]
     for r in rows:
         idle = r["device_idle_fraction"]
         print(f"{r['label']:<40} {r['output_tok_s']:>10,.0f} {r['output_tok_s'] / ref:>9.2f} {r['failed']:>6} "
               f"{'' if idle is None else f'{100 * idle:.1f}':>6} {r['ttft_p50_ms']:>8.1f}ms "
               f"{r.get('client_loop_lag_p99_ms', float('nan')):>12.1f}ms "
-              f"{_busy(r):>16}")  # fmt: skip
+              f"{_busy(r):>16} {_num(r.get('client_cores'), 1):>12} {_num(r.get('host_busy'), 100, '%'):>9}")  # fmt: skip
     for r in result["w3"]:
         print(f"W3 api-workers={r['api_workers']} rate={r['rate']:g}: {r['output_tok_s']:,.0f} tok/s, TTFT p50/p99 "
               f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, ITL p50 {r['itl_p50_ms']:.1f} ms")  # fmt: skip

@@ -38,3 +38,17 @@ def test_a_busy_child_is_charged_and_an_idle_one_is_not() -> None:
     # What the kernel reports for the reaped children agrees with what /proc said of them.
     assert reaped == pytest.approx(busy_cpu + (tree[idle.pid]), abs=0.15)
     assert cpu_seconds(busy.pid) is None  # gone
+
+
+def test_the_hosts_busy_ticks_count_a_busy_process() -> None:
+    """/proc/stat's busy ticks grow at least by what this process burns between two readings."""
+    from loadgen.procstat import host_cpu_jiffies
+
+    ticks = os.sysconf("SC_CLK_TCK")
+    busy0, total0 = host_cpu_jiffies()
+    t = time.process_time()
+    while time.process_time() - t < 0.3:
+        pass
+    busy1, total1 = host_cpu_jiffies()
+    assert busy1 - busy0 >= 0.2 * ticks  # at least this process's 0.3 s, less a tick's rounding
+    assert total1 - total0 >= busy1 - busy0

@@ -129,3 +129,6 @@ def test_client_processes_merge_into_one_run(server: ServerProcess, tmp_path: Pa
     assert min(b["released_perf"] for b in barriers) >= last_ready
     assert min(s["run"]["t0_perf_counter"] for s in shards) >= last_ready
     assert summary["run"]["ready_spread_s"] == last_ready - min(b["ready_perf"] for b in barriers)
+    # The clients' CPU over the run is the sum of the processes'; the host's busy share is a share.
+    assert summary["client"]["cpu_s"] == sum(s["client"]["cpu_s"] for s in shards) > 0
+    assert 0 < summary["host"]["busy_fraction"] <= 1
