@@ -117,6 +117,9 @@ class EngineConfig:
             raise InvalidRequestError("mem_fraction must be in (0, 1]", param="mem_fraction")
         if self.cuda_graph and self.resolved_attention_backend != "triton":
             raise InvalidRequestError("cuda_graph needs attention_backend='triton'", param="cuda_graph")
+        if self.cuda_event_wait not in ("poll", "spin", "thread"):
+            raise InvalidRequestError(f"cuda_event_wait must be poll, spin or thread, got {self.cuda_event_wait!r}",
+                                      param="cuda_event_wait")  # fmt: skip
         if self.overlap_depth not in (None, 2, 3):
             raise InvalidRequestError("overlap_depth must be 2 or 3", param="overlap_depth")
         if self.watchdog_timeout is not None and self.watchdog_timeout < 0:

@@ -58,13 +58,16 @@ def _child_args(argv: list[str], i: int, k: int, out: Path, label: str, rate: fl
     return args
 
 
-def _release_together(procs: list[subprocess.Popen[bytes]], ready: list[Path], timeout_s: float) -> float:
-    """Wait until every child has marked itself ready (or one has exited, or the time is up),
-    then release them all; returns the instant of release (``time.perf_counter()``)."""
+def _release_together(procs: list[subprocess.Popen[bytes]], ready: list[Path], timeout_s: float) -> float | None:
+    """Wait until every child has marked itself ready, then release them all and return the
+    instant of release (``time.perf_counter()``). If one exits first, or the time is up, the
+    others are stopped instead (a run without all its shards is no run) and None is returned."""
     deadline = time.monotonic() + timeout_s
     while not all(f.exists() for f in ready):
         if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-            break
+            for p in procs:
+                p.kill()
+            return None
         time.sleep(0.002)
     t0 = time.perf_counter()
     for p in procs:
@@ -105,6 +108,9 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
     t0 = _release_together(procs, ready, a.ready_timeout + 600)
     host0 = host_cpu_jiffies()
     codes = [p.wait() for p in procs]
+    if t0 is None:
+        print(f"a client process ended before all were ready to send (exit codes {codes})", file=sys.stderr)
+        return 1
     wall = time.perf_counter() - t0
     host1 = host_cpu_jiffies()
     after = _counters(a.base_url, a.api_key)
@@ -137,7 +143,7 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
     summary["client"] = {**worst, "client_bottleneck": any(v["client_bottleneck"] for v in views),
                          "processes": k, "per_process": views, "cpu_s": cpu,
                          # Cores the client processes kept busy over the run, all of them together.
-                         "cores": cpu / max(summary["duration_s"], 1e-9)}  # fmt: skip
+                         "cores": cpu / summary["duration_s"] if summary["requests"]["completed"] else None}  # fmt: skip
     # The whole host's CPUs over the processes' lives from the release (client and server alike,
     # when both run here): near 1.0, the figure is the host's, not the server's.
     busy, total = host1[0] - host0[0], host1[1] - host0[1]

@@ -123,8 +123,11 @@ def tree_cpu(pid: int) -> dict[int, float]:
 
 
 def host_cpu_jiffies() -> tuple[int, int]:
-    """(busy, total) clock ticks of all this host's CPUs since boot, from ``/proc/stat``; busy
-    is everything but idle and iowait. Two readings give the host's busy share between them."""
-    fields = [int(x) for x in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
+    """(busy, total) clock ticks of all this host's CPUs since boot, from ``/proc/stat``: busy
+    is user, nice, system, irq and softirq; total adds idle, iowait and steal (guest time is
+    already inside user and nice). Two readings give the host's busy share between them."""
+    user, nice, system, idle, iowait, irq, softirq, steal = (
+        int(x) for x in (PROC / "stat").read_text().split("\n", 1)[0].split()[1:9]
+    )
+    busy = user + nice + system + irq + softirq
+    return busy, busy + idle + iowait + steal

@@ -147,6 +147,10 @@ def _spawn_front_end(model_path: str, port: int, core_address: str) -> Any:
     return proc, sockets
 
 
+def _ms(seconds: float | None) -> float:
+    return float("nan") if seconds is None else seconds * 1e3
+
+
 async def _ready(base: str, timeout_s: float = 120.0) -> None:
     import httpx
 
@@ -216,8 +220,8 @@ async def _measure_in(a: argparse.Namespace, path: Path, work: Path, tok: Any, t
                 "front_end_us_per_event": cpu / max(events, 1) * 1e6,
                 "front_end_busy": cpu / wall,
                 "client_loop_lag_p99_ms": s["client"]["loop_lag_s"]["p99"] * 1e3,
-                "itl_p99_ms": s["latency_s"]["itl"]["p99"] * 1e3,
-                "itl_max_ms": s["latency_s"]["itl"]["max"] * 1e3,
+                "itl_p99_ms": _ms(s["latency_s"]["itl"]["p99"]),
+                "itl_max_ms": _ms(s["latency_s"]["itl"]["max"]),
                 "failed": s["requests"]["failed"],
             }
             rows.append(row)

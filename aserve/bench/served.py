@@ -162,14 +162,9 @@ def engine_direct(
 
     async def run() -> list[dict[str, Any]]:
         dtype = "bfloat16" if device == "cuda" else "float32"
-        async with aserve.Engine(
-            model=str(path),
-            device=device,
-            dtype=dtype,
-            max_running_requests=conc,
-            trace_path=trace_path,
-            **(options or {}),
-        ) as engine:
+        base = {"model": str(path), "device": device, "dtype": dtype, "max_running_requests": conc,
+                "trace_path": trace_path}  # fmt: skip
+        async with aserve.Engine(**{**base, **(options or {})}) as engine:
             rng = random.Random(1)
             vocab = engine.model_config.vocab_size
             prompts = [[rng.randrange(3, vocab) for _ in range(ln)] for _ in range(n)]
@@ -226,10 +221,10 @@ def main() -> int:
                  "--seed", "1", "--tokenizer", str(path)]  # fmt: skip
     engine_opts = [f"max_running_requests={conc}", f"device={a.device}", "dtype=bfloat16" if a.device == "cuda" else
                    "dtype=float32", *a.engine_opt]  # fmt: skip
-    from aserve.bench.gpu_workloads import parse_engine_opts
+    from aserve.bench.gpu_workloads import cli_flags, parse_engine_opts
 
     options = parse_engine_opts(a.engine_opt)
-    server_flags = [x for k, v in options.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    server_flags = cli_flags(options)
     rows: list[dict[str, Any]] = []
     result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "host": platform.node(),
                               "torch": torch.__version__, "model": str(path), "engine_opts": options, "rows": rows,

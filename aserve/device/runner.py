@@ -56,7 +56,7 @@ class ModelRunner:
         decode_graphs: DecodeGraphs | None = None,
         pipeline_depth: int = 2,
         extend_graphs: ExtendGraphs | None = None,
-        event_poll_s: float = 50e-6,
+        event_poll_s: float = 0.0,
     ) -> None:
         self.event_poll_s = event_poll_s  # between two query()s of an awaited CUDA event (0: every pass)
         self.attention_backend = attention_backend

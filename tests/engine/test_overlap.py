@@ -123,6 +123,9 @@ def test_pipeline_depth_follows_the_device() -> None:
     assert EngineConfig(device="cuda", overlap=False).pipeline_depth == 1
     with pytest.raises(aserve.InvalidRequestError, match="overlap_depth"):
         EngineConfig(overlap_depth=4)
+    assert EngineConfig(device="cuda").cuda_event_wait == "spin"  # the loop asks at every pass
+    with pytest.raises(aserve.InvalidRequestError, match="cuda_event_wait"):
+        EngineConfig(cuda_event_wait="Spin")  # type: ignore[arg-type]
 
 
 def test_aborts_in_flight_leave_nothing(eos_llama: tuple[Path, Any]) -> None:

@@ -7,13 +7,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from loadgen.cli import main
+from loadgen.server_view import parse_prometheus
 from tests.server.helpers import API_KEY, ServerProcess
 
 SERVED = "served-gemma"
 PLOTS = ("cdf", "over_time", "itl_by_position", "timeline")
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SMALL = ["--input-len", "8", "--output-len", "4", "--no-progress", "--slo", "ttft=5,tpot=1"]
 
 
@@ -132,3 +135,15 @@ def test_client_processes_merge_into_one_run(server: ServerProcess, tmp_path: Pa
     # The clients' CPU over the run is the sum of the processes'; the host's busy share is a share.
     assert summary["client"]["cpu_s"] == sum(s["client"]["cpu_s"] for s in shards) > 0
     assert 0 < summary["host"]["busy_fraction"] <= 1
+
+
+def test_a_client_process_that_fails_before_the_start_stops_the_run(server: ServerProcess, tmp_path: Path) -> None:
+    """A process that cannot get ready (here: no such tokenizer) ends the run before anyone
+    sends: the others are stopped, the exit status is 1, and the server saw no request."""
+    argv = ["run", "--base-url", server.base_url, "--api-key", API_KEY, "--num-requests", "6", "--rate", "inf"]
+    argv += ["--tokenizer", str(tmp_path / "missing.gguf"), "--client-procs", "2"]
+    before = parse_prometheus(httpx.get(server.base_url + "/metrics", headers=AUTH, timeout=30).text)
+    assert main([*argv, *SMALL, "--out", str(tmp_path), "--label", "broken"]) == 1
+    after = parse_prometheus(httpx.get(server.base_url + "/metrics", headers=AUTH, timeout=30).text)
+    assert after["output_tokens"] == before["output_tokens"]
+    assert not (tmp_path / "broken.json").exists()
