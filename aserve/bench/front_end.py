@@ -32,7 +32,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from aserve.bench.served import _model_path, _port, bench_parser
+from aserve.bench.served import _model_path, _ms, _port, bench_parser
 from aserve.ipc import messages as m
 from aserve.stats import EngineStats
 
@@ -145,10 +145,6 @@ def _spawn_front_end(model_path: str, port: int, core_address: str) -> Any:
     proc = multiprocessing.get_context("spawn").Process(target=run_front_end, args=(spec, sockets), name="fe-bench")
     proc.start()
     return proc, sockets
-
-
-def _ms(seconds: float | None) -> float:
-    return float("nan") if seconds is None else seconds * 1e3
 
 
 async def _ready(base: str, timeout_s: float = 120.0) -> None:

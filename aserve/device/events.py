@@ -239,8 +239,18 @@ class CudaEventWaiter:
         self._thread.join(timeout=join_s)
 
 
+# cuda_event_wait="poll": between two asks of an awaited CUDA event. On an otherwise idle
+# asyncio loop the sleep lasts a millisecond (epoll's resolution); "spin" asks at every pass (0).
+POLL_INTERVAL_S = 50e-6
+
+
 def cuda_record(
-    stream: Any, waiter: CudaEventWaiter | None, name: str, *, poll_s: float = 50e-6, into: DeviceEvent | None = None
+    stream: Any,
+    waiter: CudaEventWaiter | None,
+    name: str,
+    *,
+    poll_s: float = POLL_INTERVAL_S,
+    into: DeviceEvent | None = None,
 ) -> DeviceEvent:
     """Record a timing CUDA event on ``stream``; ``await event.wait()`` works either way.
 

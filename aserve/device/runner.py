@@ -376,13 +376,9 @@ class ModelRunner:
             dev = _with_masks(dev, self._upload_masks(index, host.grammar, mask_keep))
         self.forward_stream.wait_stream(self.schedule_stream)
         with on_stream(self.forward_stream):
-            begin = cuda_record(self.forward_stream, None, f"step{index}.forward_begin", poll_s=self.event_poll_s)
+            begin = self._record(self.forward_stream, f"step{index}.forward_begin")
             fwd = self._forward(dev) if defer else None
-            forward_end = (
-                cuda_record(self.forward_stream, None, f"step{index}.forward_end", poll_s=self.event_poll_s)
-                if defer
-                else None
-            )
+            forward_end = self._record(self.forward_stream, f"step{index}.forward_end") if defer else None
         bufs: dict[str, torch.Tensor] = {}
         if fwd is None:
             out, materialized, copied = self._sample_cuda(index, lambda: self._device_work(dev), bufs, None)
@@ -399,9 +395,7 @@ class ModelRunner:
                 masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
                 self.forward_stream.wait_stream(self.schedule_stream)
                 assert forward_end is not None
-                sampler_begin = cuda_record(
-                    self.forward_stream, None, f"step{index}.sampler_begin", poll_s=self.event_poll_s
-                )
+                sampler_begin = self._record(self.forward_stream, f"step{index}.sampler_begin")
                 step.split_gap = (forward_end, sampler_begin)
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
                 step.keepalive += [masked, out, *keep]
@@ -410,6 +404,12 @@ class ModelRunner:
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
+
+    def _record(
+        self, stream: Any, name: str, waiter: CudaEventWaiter | None = None, *, into: DeviceEvent | None = None
+    ) -> DeviceEvent:
+        """A timing CUDA event on ``stream``, awaited as ``cuda_event_wait`` says (``event_poll_s``)."""
+        return cuda_record(stream, waiter, name, poll_s=self.event_poll_s, into=into)
 
     def _upload_masks(self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor]) -> torch.Tensor:
         """The rows' masks, filled straight into pinned memory and copied on the schedule
@@ -428,12 +428,10 @@ class ModelRunner:
         """``work`` (the whole step, or a split step's sampler) on the forward stream and the
         results' copy to ``bufs`` on the copy stream; the events are recorded into ``step``'s
         placeholders when it is given."""
-        waiter = self.cuda_waiter
         with on_stream(self.forward_stream):
             out = work()
-            materialized = cuda_record(self.forward_stream, None, f"step{index}.materialized",
-                                       into=None if step is None else step.materialized,
-                                       poll_s=self.event_poll_s)  # fmt: skip
+            materialized = self._record(self.forward_stream, f"step{index}.materialized",
+                                        into=None if step is None else step.materialized)  # fmt: skip
         self.copy_stream.wait_stream(self.forward_stream)
         with on_stream(self.copy_stream):
             for name in _OUTPUTS:
@@ -444,8 +442,8 @@ class ModelRunner:
                     buf = self.out_staging.buffer(index, t.dtype, t.numel(), name).view(t.shape)
                     buf.copy_(t, non_blocking=True)
                     bufs[name] = buf
-            copied = cuda_record(self.copy_stream, waiter, f"step{index}.copied",
-                                 into=None if step is None else step.copied, poll_s=self.event_poll_s)  # fmt: skip
+            copied = self._record(self.copy_stream, f"step{index}.copied", self.cuda_waiter,
+                                  into=None if step is None else step.copied)  # fmt: skip
         return out, materialized, copied
 
 

@@ -21,7 +21,7 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from aserve.config import EngineConfig
-from aserve.device.events import CpuStream, CudaEventWaiter, LoopWaker
+from aserve.device.events import POLL_INTERVAL_S, CpuStream, CudaEventWaiter, LoopWaker
 from aserve.device.future_map import FutureMap
 from aserve.device.runner import ModelRunner
 from aserve.device.step import Step
@@ -135,7 +135,7 @@ class Engine:
         runner = ModelRunner(parts.model, parts.pool, parts.device, self.future_map, self._cpu_stream,
                              self._cuda_waiter, cfg.resolved_attention_backend, graphs,
                              pipeline_depth=cfg.pipeline_depth, extend_graphs=xgraphs,
-                             event_poll_s=0.0 if cfg.cuda_event_wait == "spin" else 50e-6)  # fmt: skip
+                             event_poll_s=0.0 if cfg.cuda_event_wait == "spin" else POLL_INTERVAL_S)  # fmt: skip
         if parts.device.type == "cuda":
             for g in (graphs, xgraphs):
                 if g is not None:
