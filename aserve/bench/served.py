@@ -89,7 +89,27 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
         # client and server share this host's CPUs.
         "client_cores": (s.get("client") or {}).get("cores"),
         "host_busy": (s.get("host") or {}).get("busy_fraction"),
+        **_per_step(
+            server.get("engine_steps"),
+            server.get("host_plan_s"),
+            server.get("host_launch_s"),
+            server.get("host_commit_s"),
+            gap,
+        ),
     }
+
+
+def _per_step(
+    steps: float | None, plan: float | None, launch: float | None, commit: float | None, gap: float | None
+) -> dict[str, Any]:
+    """The core's steps over a run, and per step its host time (plan, launch and commit, from
+    its own counters) and the device's idle: a run whose host time a step is near or above the
+    device's step time is host-bound, and more steps for the same tokens means smaller ones."""
+    if not steps or None in (plan, launch, commit, gap):
+        return {}
+    assert plan is not None and launch is not None and commit is not None and gap is not None
+    return {"steps": int(steps), "host_us_per_step": (plan + launch + commit) / steps * 1e6,
+            "gap_us_per_step": gap / steps * 1e6}  # fmt: skip
 
 
 def _server_cpu(root: int, before: dict[int, float], after: dict[int, float], wall_s: float) -> dict[str, Any]:
@@ -158,7 +178,8 @@ def engine_direct(
         busy, gap = st.device_busy_s, st.device_gap_s
         return {"label": label, "output_tok_s": tokens / wall, "completed": n, "failed": 0,
                 "device_busy_s": busy, "device_gap_s": gap, "device_idle_fraction": gap / (busy + gap),
-                "ttft_p50_ms": float("nan"), "ttft_p99_ms": float("nan"), "itl_p50_ms": float("nan")}  # fmt: skip
+                "ttft_p50_ms": float("nan"), "ttft_p99_ms": float("nan"), "itl_p50_ms": float("nan"),
+                **_per_step(st.num_steps, st.host_plan_s, st.host_launch_s, st.host_commit_s, gap)}  # fmt: skip
 
     async def run() -> list[dict[str, Any]]:
         dtype = "bfloat16" if device == "cuda" else "float32"
@@ -290,14 +311,16 @@ def main() -> int:
             log.close()
     save()
     print(f"\n{'run':<40} {'tok/s':>10} {'vs engine':>9} {'failed':>6} {'idle%':>6} {'ttft p50':>9} "
-          f"{'client lag p99':>14} {'core/FE max CPU':>16} {'client cores':>12} {'host busy':>9}")  # fmt: skip
+          f"{'client lag p99':>14} {'core/FE max CPU':>16} {'client cores':>12} {'host busy':>9} {'steps':>6} "
+          f"{'host us/step':>12} {'gap us/step':>11}")  # fmt: skip
     ref = result["engine_median_tok_s"]
     for r in rows:
         idle = r["device_idle_fraction"]
         print(f"{r['label']:<40} {r['output_tok_s']:>10,.0f} {r['output_tok_s'] / ref:>9.2f} {r['failed']:>6} "
               f"{'' if idle is None else f'{100 * idle:.1f}':>6} {r['ttft_p50_ms']:>8.1f}ms "
               f"{r.get('client_loop_lag_p99_ms', float('nan')):>12.1f}ms "
-              f"{_busy(r):>16} {_num(r.get('client_cores'), 1):>12} {_num(r.get('host_busy'), 100, '%'):>9}")  # fmt: skip
+              f"{_busy(r):>16} {_num(r.get('client_cores'), 1):>12} {_num(r.get('host_busy'), 100, '%'):>9} "
+              f"{r.get('steps', ''):>6} {_num(r.get('host_us_per_step'), 1):>12} {_num(r.get('gap_us_per_step'), 1):>11}")  # fmt: skip
     for r in result["w3"]:
         print(f"W3 api-workers={r['api_workers']} rate={r['rate']:g}: {r['output_tok_s']:,.0f} tok/s, TTFT p50/p99 "
               f"{r['ttft_p50_ms']:.0f}/{r['ttft_p99_ms']:.0f} ms, ITL p50 {r['itl_p50_ms']:.1f} ms")  # fmt: skip
