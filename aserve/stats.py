@@ -8,8 +8,8 @@ CUDA they are timing events read after the step's copy completed.
 
 from __future__ import annotations
 
+import bisect
 import json
-import statistics
 from collections import deque
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -69,11 +69,42 @@ class EngineStats:
         return asdict(self)
 
 
+# The median gaps are over this many of the latest steps that have a gap (since the last reset).
+MEDIAN_WINDOW = 8192
+
+
+class WindowMedian:
+    """The exact median of the last ``window`` values added, kept sorted as they come (an
+    insort and, once full, a removal: ~2 us a value at 8k), so asking costs nothing. Asked
+    by every heartbeat to the front ends and every scrape: a median taken over 100,000 kept
+    records cost 36 ms of the core's loop each time."""
+
+    def __init__(self, window: int = MEDIAN_WINDOW) -> None:
+        self.window = window
+        self._sorted: list[float] = []
+        self._order: deque[float] = deque()
+
+    def add(self, value: float) -> None:
+        bisect.insort(self._sorted, value)
+        self._order.append(value)
+        if len(self._order) > self.window:
+            del self._sorted[bisect.bisect_left(self._sorted, self._order.popleft())]
+
+    def value(self) -> float | None:
+        s, n = self._sorted, len(self._sorted)
+        if n == 0:
+            return None
+        mid = n // 2
+        return s[mid] if n % 2 else (s[mid - 1] + s[mid]) / 2  # as statistics.median
+
+
 class StepStats:
     """Totals since start plus the most recent step records."""
 
     def __init__(self, keep: int = 100_000) -> None:
         self.records: deque[StepRecord] = deque(maxlen=keep)
+        self._gaps = WindowMedian()
+        self._decode_gaps = WindowMedian()
         self.num_steps = 0
         self.device_busy_s = 0.0
         self.device_gap_s = 0.0
@@ -89,14 +120,15 @@ class StepStats:
         self.plan_s += rec.plan_s
         self.launch_s += rec.launch_s
         self.commit_s += rec.commit_s
+        if rec.device_gap_s is not None:
+            self._gaps.add(rec.device_gap_s)
+            if rec.num_decodes == rec.num_seqs:
+                self._decode_gaps.add(rec.device_gap_s)
 
     def median_gap(self, decode_only: bool = False) -> float | None:
-        gaps = [
-            r.device_gap_s
-            for r in self.records
-            if r.device_gap_s is not None and (not decode_only or r.num_decodes == r.num_seqs)
-        ]
-        return statistics.median(gaps) if gaps else None
+        """The median idle gap before a step (``decode_only``: before a step of decodes only),
+        over the latest ``MEDIAN_WINDOW`` such steps."""
+        return (self._decode_gaps if decode_only else self._gaps).value()
 
     def reset(self) -> None:
         self.__init__(self.records.maxlen or 100_000)  # type: ignore[misc]

@@ -185,12 +185,15 @@ class CoreService:
     async def _status_loop(self) -> None:
         while True:
             now = time.monotonic()
+            status = None  # one snapshot a beat for every front end: the stats walk the engine
             for fe in list(self.front_ends.values()):
                 if now - fe.last_seen > FRONT_END_TIMEOUT_S:
                     self.drop(fe.identity)
                     continue
+                if status is None:
+                    status = self._status()
                 with contextlib.suppress(zmq.ZMQError):
-                    await self._send(fe, self._status())
+                    await self._send(fe, status)
             await anyio.sleep(STATUS_INTERVAL_S)
 
     async def _failure_loop(self) -> None:
