@@ -42,6 +42,25 @@ from aserve.sampling.sampler import (
 )
 from aserve.scheduler.policy import Plan
 
+_runners_with_streams = 0  # ModelRunners in this process that hold CUDA streams, not released
+
+
+def _streams_opened() -> None:
+    global _runners_with_streams
+    _runners_with_streams += 1
+
+
+def _streams_closed() -> None:
+    """torch keeps a cuBLAS workspace for every stream a matmul ran on (32 MiB each on an
+    H100) for the life of the process, and each runner's streams are new ones: on an H100
+    host, five engines in turn left 32 MiB more reserved after each. When the last runner
+    closes, the workspaces go (not before: a live engine's captured graphs use its own)."""
+    global _runners_with_streams
+    _runners_with_streams -= 1
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if _runners_with_streams == 0 and clear is not None:
+        clear()
+
 
 class ModelRunner:
     def __init__(
@@ -79,7 +98,9 @@ class ModelRunner:
         slots = max(3, pipeline_depth + 1)
         self.staging = PinnedStaging(slots, pin=device.type == "cuda")
         self.out_staging = PinnedStaging(slots, pin=device.type == "cuda")
+        self._holds_streams = device.type == "cuda"
         if device.type == "cuda":
+            _streams_opened()
             self.schedule_stream = torch.cuda.Stream(device)
             self.forward_stream = torch.cuda.Stream(device)
             self.copy_stream = torch.cuda.Stream(device)
@@ -104,6 +125,9 @@ class ModelRunner:
             self.extend_graphs.release()
         self.staging.clear()
         self.out_staging.clear()
+        if self._holds_streams:
+            self._holds_streams = False
+            _streams_closed()
 
     @property
     def is_cuda(self) -> bool:
