@@ -47,6 +47,7 @@ def _zero_stats() -> dict[str, Any]:
 @dataclass
 class _Choices:
     left: list[int]  # tokens still to send, per choice
+    total: int  # max_tokens
 
 
 @dataclass
@@ -96,7 +97,7 @@ class PacedCore:
                 await self._send(sock, identity, m.Status(ready=True, stats=_zero_stats()))
             elif isinstance(msg, m.Add):
                 max_tokens = msg.params.max_tokens or 16
-                self.live[identity][msg.rid] = _Choices([max_tokens] * len(msg.seeds))
+                self.live[identity][msg.rid] = _Choices([max_tokens] * len(msg.seeds), max_tokens)
                 await self._send(sock, identity, m.Accepted(msg.rid))
             elif isinstance(msg, m.Abort):
                 for rid in msg.rids:
@@ -113,18 +114,27 @@ class PacedCore:
             token = self.tokens[step % len(self.tokens)]
             step += 1
             for identity, reqs in list(self.live.items()):
+                # As the core: a choice's first token and its last as items, the rest in columns.
                 items: list[m.Output] = []
+                rids: list[str] = []
+                indexes: list[int] = []
                 for rid, choices in list(reqs.items()):
                     for index, left in enumerate(choices.left):
                         if left <= 0:
                             continue
                         choices.left[index] = left - 1
-                        items.append(m.Output(rid, index, [token], "length" if left == 1 else None))
+                        if left == 1 or left == choices.total:
+                            items.append(m.Output(rid, index, [token], "length" if left == 1 else None))
+                        else:
+                            rids.append(rid)
+                            indexes.append(index)
                     if not any(choices.left):
                         del reqs[rid]
-                if items:
-                    self.sent_tokens += len(items)
-                    await self._send(sock, identity, m.Outputs(items))
+                if items or rids:
+                    self.sent_tokens += len(items) + len(rids)
+                    ones = [1] * len(rids)
+                    await self._send(sock, identity, m.Outputs(items, rids, indexes, ones, [token] * len(rids),
+                                                               [0] * len(rids)))  # fmt: skip
 
     async def _status(self, sock: zmq.asyncio.Socket) -> None:
         while True:

@@ -384,6 +384,8 @@ class EngineClient:
         while True:
             msg = m.decode_to_front_end(await self._sock.recv())
             if isinstance(msg, m.Outputs):
+                if msg.rids:
+                    self._deliver_columns(msg)
                 self._deliver(msg.items)
             elif isinstance(msg, m.Status):
                 self._status = msg
@@ -415,6 +417,24 @@ class EngineClient:
                 event = self._reply_events.get(msg.qid)
                 if event is not None:
                     event.set()
+
+    def _deliver_columns(self, msg: m.Outputs) -> None:
+        """A step's next tokens of choices past their first (``Outputs``' columns)."""
+        tokens, at = msg.token_ids, 0
+        for rid, index, count, cached in zip(msg.rids, msg.indexes, msg.counts, msg.cached, strict=True):
+            ids = tokens[at : at + count]
+            at += count
+            reqs = self.live.get(rid)
+            if reqs is None:
+                continue  # aborted here meanwhile
+            req = reqs[index]
+            cell = req.cell
+            if cell is None or req.finished:
+                continue
+            req.cached_prompt_tokens = cached
+            req.output_ids += ids
+            for token in ids:
+                cell.push(token, None)
 
     def _deliver(self, items: Sequence[m.Output]) -> None:
         """The core's outputs into the same cells a local engine fills."""

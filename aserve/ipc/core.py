@@ -161,11 +161,36 @@ class CoreService:
         while self.front_ends.get(fe.identity) is fe:
             items: list[m.Output] = []
             ended: list[tuple[str, int]] = []
+            rids: list[str] = []
+            indexes: list[int] = []
+            counts: list[int] = []
+            tokens: list[int] = []
+            cached: list[int] = []
             for rid, choices in fe.live.items():
                 for index, req in choices.items():
                     cell = req.cell
-                    if cell is None or not (cell.token_ids or cell.finished):
-                        continue  # nothing new: most choices on most wake-ups but one
+                    if cell is None:
+                        continue
+                    ids = cell.token_ids
+                    if (
+                        ids
+                        and not cell.finished
+                        and cell.pushed > len(ids)
+                        and cell.prompt_logprobs is None
+                        and req.params.logprobs is None
+                    ):
+                        # Not its first tokens, not its end, no logprobs: a stream's next
+                        # tokens, in columns once its interval is full.
+                        if cell.wake_every and len(ids) >= cell.wake_every:
+                            rids.append(rid)
+                            indexes.append(index)
+                            counts.append(len(ids))
+                            tokens += ids
+                            cached.append(req.cached_prompt_tokens)
+                            cell.token_ids = []
+                        continue
+                    if not (ids or cell.finished):
+                        continue  # nothing new
                     out = _take(rid, req)
                     if out is None:
                         continue
@@ -177,8 +202,8 @@ class CoreService:
                 del choices[index]
                 if not choices:
                     del fe.live[rid]
-            if items:
-                await self._send(fe, m.Outputs(items))
+            if items or rids:
+                await self._send(fe, m.Outputs(items, rids, indexes, counts, tokens, cached))
             else:
                 await fe.signal.wait()
 
