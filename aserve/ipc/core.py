@@ -159,51 +159,9 @@ class CoreService:
     async def _send_loop(self, fe: _FrontEnd) -> None:
         """One ``Outputs`` message per wake-up (per step) with every choice that has news."""
         while self.front_ends.get(fe.identity) is fe:
-            items: list[m.Output] = []
-            ended: list[tuple[str, int]] = []
-            rids: list[str] = []
-            indexes: list[int] = []
-            counts: list[int] = []
-            tokens: list[int] = []
-            cached: list[int] = []
-            for rid, choices in fe.live.items():
-                for index, req in choices.items():
-                    cell = req.cell
-                    if cell is None:
-                        continue
-                    ids = cell.token_ids
-                    if (
-                        ids
-                        and not cell.finished
-                        and cell.pushed > len(ids)
-                        and cell.prompt_logprobs is None
-                        and req.params.logprobs is None
-                    ):
-                        # Not its first tokens, not its end, no logprobs: a stream's next
-                        # tokens, in columns once its interval is full.
-                        if cell.wake_every and len(ids) >= cell.wake_every:
-                            rids.append(rid)
-                            indexes.append(index)
-                            counts.append(len(ids))
-                            tokens += ids
-                            cached.append(req.cached_prompt_tokens)
-                            cell.token_ids = []
-                        continue
-                    if not (ids or cell.finished):
-                        continue  # nothing new
-                    out = _take(rid, req)
-                    if out is None:
-                        continue
-                    items.append(out)
-                    if out.finish_reason is not None or out.error is not None:
-                        ended.append((rid, index))  # its last message
-            for rid, index in ended:
-                choices = fe.live[rid]
-                del choices[index]
-                if not choices:
-                    del fe.live[rid]
-            if items or rids:
-                await self._send(fe, m.Outputs(items, rids, indexes, counts, tokens, cached))
+            msg = collect_outputs(fe.live)
+            if msg is not None:
+                await self._send(fe, msg)
             else:
                 await fe.signal.wait()
 
@@ -255,6 +213,60 @@ class CoreService:
         if what == "stats":
             return self.engine.stats().as_dict()
         return None
+
+
+def collect_outputs(live: dict[str, dict[int, Req]], columns: bool = True) -> m.Outputs | None:
+    """What a front end's choices (``live``: request id, then choice index) have new since the
+    last call, as one message, or None. A choice whose end it carries leaves ``live``.
+    ``columns=False`` sends every choice as an item (the form before columns; for
+    ``aserve.bench.ipc_outputs``)."""
+    items: list[m.Output] = []
+    ended: list[tuple[str, int]] = []
+    rids: list[str] = []
+    indexes: list[int] = []
+    counts: list[int] = []
+    tokens: list[int] = []
+    cached: list[int] = []
+    for rid, choices in live.items():
+        for index, req in choices.items():
+            cell = req.cell
+            if cell is None:
+                continue
+            ids = cell.token_ids
+            if (
+                columns
+                and ids
+                and not cell.finished
+                and cell.pushed > len(ids)
+                and cell.prompt_logprobs is None
+                and req.params.logprobs is None
+            ):
+                # Not its first tokens, not its end, no logprobs: a stream's next tokens, in
+                # columns once its interval is full.
+                if cell.wake_every and len(ids) >= cell.wake_every:
+                    rids.append(rid)
+                    indexes.append(index)
+                    counts.append(len(ids))
+                    tokens += ids
+                    cached.append(req.cached_prompt_tokens)
+                    cell.token_ids = []
+                continue
+            if not (ids or cell.finished):
+                continue  # nothing new
+            out = _take(rid, req)
+            if out is None:
+                continue
+            items.append(out)
+            if out.finish_reason is not None or out.error is not None:
+                ended.append((rid, index))  # its last message
+    for rid, index in ended:
+        choices = live[rid]
+        del choices[index]
+        if not choices:
+            del live[rid]
+    if not (items or rids):
+        return None
+    return m.Outputs(items, rids, indexes, counts, tokens, cached)
 
 
 def _take(rid: str, req: Req) -> m.Output | None:

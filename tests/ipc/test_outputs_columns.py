@@ -1,0 +1,79 @@
+"""The core's per-step message to a front end: with a stream's next tokens in columns, every
+choice's tokens, their order, each stream's interval and each end arrive as they do with every
+choice as an item (the reference form), through a real encode and decode."""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aserve.engine.cell import OutputCell
+from aserve.ipc import messages as m
+from aserve.ipc.core import collect_outputs
+from aserve.sampling_params import SamplingParams
+from aserve.scheduler.req import Req
+from aserve.sync import Signal
+
+
+def _live(intervals: list[int], n: int) -> dict[str, dict[int, Req]]:
+    signal = Signal()
+    live: dict[str, dict[int, Req]] = {}
+    for i, every in enumerate(intervals):
+        params = SamplingParams(max_tokens=64, n=n)
+        for index in range(n):
+            req = Req(rid=f"r{i}", index=index, prompt_ids=[1, 2], params=params, max_new_tokens=64, seed=0,
+                      stop_ids=frozenset())  # fmt: skip
+            req.cached_prompt_tokens = 16 * i
+            req.cell = OutputCell(signal, wake_every=every)
+            live.setdefault(req.rid, {})[index] = req
+    return live
+
+
+def _run(intervals: list[int], n: int, seed: int, columns: bool) -> tuple[dict[tuple[str, int], list[object]], int]:
+    """Steps of random pushes and ends, one message a step; what each choice's front end sees,
+    in order: token ids, ``("end", reason)``, and the cached count with each token."""
+    rng = random.Random(seed)
+    live = _live(intervals, n)
+    reqs = [req for choices in live.values() for req in choices.values()]
+    seen: dict[tuple[str, int], list[object]] = {}
+    column_entries = 0
+    for step in range(40):
+        for req in reqs:
+            cell = req.cell
+            assert cell is not None
+            if cell.finished or rng.random() < 0.2:
+                continue
+            cell.push(100 * step + req.index, None)
+            if rng.random() < 0.05:
+                cell.finish("stop", None)
+        msg = collect_outputs(live, columns)
+        if msg is None:
+            continue
+        got = m.decode_to_front_end(m.encode(msg))
+        assert isinstance(got, m.Outputs)
+        at = 0
+        for rid, index, count, cached in zip(got.rids, got.indexes, got.counts, got.cached, strict=True):
+            seen.setdefault((rid, index), []).extend((t, cached) for t in got.token_ids[at : at + count])
+            at += count
+            column_entries += 1
+        assert at == len(got.token_ids)
+        for item in got.items:
+            out = seen.setdefault((item.rid, item.index), [])
+            out.extend((t, item.cached_tokens) for t in item.token_ids)
+            if item.finish_reason is not None:
+                out.append(("end", item.finish_reason))
+    return seen, column_entries
+
+
+@settings(max_examples=40, deadline=None)
+@given(intervals=st.lists(st.sampled_from([1, 1, 2, 3, 0]), min_size=1, max_size=6), n=st.integers(1, 2),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_columns_deliver_what_items_deliver(intervals: list[int], n: int, seed: int) -> None:
+    as_items, none = _run(intervals, n, seed, columns=False)
+    as_columns, used = _run(intervals, n, seed, columns=True)
+    assert none == 0
+    assert as_columns == as_items
+    if any(every == 1 for every in intervals):
+        assert used > 0, "streams past their first token go in columns"
