@@ -53,8 +53,8 @@ class EngineStats:
     host_plan_s: float
     host_launch_s: float
     host_commit_s: float
-    median_device_gap_s: float | None
-    median_decode_gap_s: float | None
+    median_device_gap_s: float | None  # over the latest MEDIAN_WINDOW steps with a gap
+    median_decode_gap_s: float | None  # over the latest MEDIAN_WINDOW decode-only steps with a gap
     cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache
     cache_queried_tokens: int = 0  # prompt tokens of admitted requests (hit rate denominator)
     cached_tokens: int = 0  # tokens held by the prefix cache now

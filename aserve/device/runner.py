@@ -27,7 +27,7 @@ from aserve.device.future_map import FutureMap
 from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
-from aserve.device.streams import on_stream
+from aserve.device.streams import give_back_runner_streams, on_stream, take_runner_streams
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
 from aserve.sampling.masks import GrammarState, fill_masks, mask_words
@@ -41,25 +41,6 @@ from aserve.sampling.sampler import (
     sample_candidates,
 )
 from aserve.scheduler.policy import Plan
-
-_runners_with_streams = 0  # ModelRunners in this process that hold CUDA streams, not released
-
-
-def _streams_opened() -> None:
-    global _runners_with_streams
-    _runners_with_streams += 1
-
-
-def _streams_closed() -> None:
-    """torch keeps a cuBLAS workspace for every stream a matmul ran on (32 MiB each on an
-    H100) for the life of the process, and each runner's streams are new ones: on an H100
-    host, five engines in turn left 32 MiB more reserved after each. When the last runner
-    closes, the workspaces go (not before: a live engine's captured graphs use its own)."""
-    global _runners_with_streams
-    _runners_with_streams -= 1
-    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
-    if _runners_with_streams == 0 and clear is not None:
-        clear()
 
 
 class ModelRunner:
@@ -98,12 +79,13 @@ class ModelRunner:
         slots = max(3, pipeline_depth + 1)
         self.staging = PinnedStaging(slots, pin=device.type == "cuda")
         self.out_staging = PinnedStaging(slots, pin=device.type == "cuda")
-        self._holds_streams = device.type == "cuda"
+        self._streams: tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream] | None = None
         if device.type == "cuda":
-            _streams_opened()
-            self.schedule_stream = torch.cuda.Stream(device)
-            self.forward_stream = torch.cuda.Stream(device)
-            self.copy_stream = torch.cuda.Stream(device)
+            # A closed engine's streams if there is one (aserve/device/streams.py: each new
+            # stream costs a cuBLAS workspace for the life of the process).
+            streams = take_runner_streams(device)
+            self.schedule_stream, self.forward_stream, self.copy_stream = streams
+            self._streams = streams
             # A device event at a known host time: device timings become host-clock times.
             self._clock_base = torch.cuda.Event(enable_timing=True)
             self._clock_base.record(self.forward_stream)
@@ -117,17 +99,18 @@ class ModelRunner:
             return event.host_time
         return self._clock_host + self._clock_base.elapsed_time(event.cuda_event) / 1e3
 
-    def release(self) -> None:
-        """The engine closed: drop the CUDA graphs and the staging buffers."""
+    def release(self, reuse_streams: bool = True) -> None:
+        """The engine closed: drop the CUDA graphs and the staging buffers, and hand the streams
+        to the next runner (``reuse_streams``: their work has finished; not after a stall)."""
         if self.decode_graphs is not None:
             self.decode_graphs.release()
         if self.extend_graphs is not None:
             self.extend_graphs.release()
         self.staging.clear()
         self.out_staging.clear()
-        if self._holds_streams:
-            self._holds_streams = False
-            _streams_closed()
+        streams, self._streams = self._streams, None
+        if streams is not None and reuse_streams:
+            give_back_runner_streams(streams)
 
     @property
     def is_cuda(self) -> bool:

@@ -136,6 +136,7 @@ class Engine:
                              self._cuda_waiter, cfg.resolved_attention_backend, graphs,
                              pipeline_depth=cfg.pipeline_depth, extend_graphs=xgraphs,
                              event_poll_s=0.0 if cfg.cuda_event_wait == "spin" else POLL_INTERVAL_S)  # fmt: skip
+        self._runner = runner  # released on close even if the start fails from here on
         if parts.device.type == "cuda":
             for g in (graphs, xgraphs):
                 if g is not None:
@@ -231,8 +232,11 @@ class Engine:
         parts = self._parts
         if parts is None:
             return
-        if hasattr(self, "_loop"):
-            self._loop.runner.release()
+        runner = getattr(self, "_runner", None)
+        if runner is not None:
+            # Its streams go to the next engine once their work is done (aclose synchronized
+            # the device), never after a stall.
+            runner.release(reuse_streams=not self._stalled)
         if hasattr(self, "future_map"):
             self.future_map.release()
         parts.pool.release_device()

@@ -34,7 +34,8 @@ def test_engine_after_engine_gets_the_same_kv(tiny_gemma: tuple[Path, Any]) -> N
         leftover.append(torch.cuda.memory_reserved() - before)
     assert all(abs(c - capacities[0]) <= 0.02 * capacities[0] for c in capacities), capacities
     # Each engine's GiBs of KV went back to the driver, and nothing piles up from one engine to
-    # the next: each one's streams used to leave a 32 MiB cuBLAS workspace behind (H100 host:
-    # 945, 979, 1013, 1046, 1080 MB reserved after each; with the fix 4, 6, 6, 6, 6 MiB).
+    # the next: each one's new streams used to leave a 32 MiB cuBLAS workspace behind (H100
+    # host: 945, 979, 1013, 1046, 1080 MB reserved after each). Later engines now take the
+    # closed ones' streams (aserve/device/streams.py), so their workspaces too.
     assert max(leftover) < 2**28, leftover
     assert leftover[-1] - leftover[0] < 2**24, leftover
