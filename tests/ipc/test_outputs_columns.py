@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from aserve.engine.cell import OutputCell
 from aserve.ipc import messages as m
+from aserve.ipc.client import EngineClient
 from aserve.ipc.core import collect_outputs
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.req import Req
@@ -84,3 +85,52 @@ def test_streams_past_their_first_tokens_go_in_columns() -> None:
     as_columns, used = _run([1, 2, 3, 0], 2, seed=5, columns=True, finish_p=0.0)
     assert as_columns == as_items
     assert used > 40, used  # the interval-1 and -2 streams' steady steps, at least
+
+
+def _front_end_state(intervals: list[int], n: int, seed: int, columns: bool) -> list[tuple[object, ...]]:
+    """The same steps delivered into a front end's own requests and cells by ``EngineClient``
+    (its ``_deliver_columns`` and ``_deliver``, as its receive loop calls them), one request
+    aborted there halfway: what its consumers would read."""
+    rng = random.Random(seed)
+    core = _live(intervals, n)
+    client = EngineClient("ipc://unused")  # not started: only its delivery is driven here
+    front: dict[str, list[Req]] = {}
+    for rid, choices in core.items():
+        for index, creq in choices.items():
+            req = Req(rid=rid, index=index, prompt_ids=[1, 2], params=creq.params, max_new_tokens=64, seed=0,
+                      stop_ids=frozenset())  # fmt: skip
+            req.cell = OutputCell(Signal(), wake_every=1)
+            front.setdefault(rid, []).append(req)
+    client.live = dict(front)
+    for step in range(40):
+        for creq in (r for choices in core.values() for r in choices.values()):
+            cell = creq.cell
+            assert cell is not None
+            if cell.finished or rng.random() < 0.2:
+                continue
+            cell.push(100 * step + creq.index, None)
+            if rng.random() < 0.05:
+                cell.text_limit = 3
+                cell.finish("stop", "x")
+        if step == 20:
+            client.live.pop("r0", None)  # aborted in the front end: later outputs are dropped
+        msg = collect_outputs(core, columns)
+        if msg is None:
+            continue
+        got = m.decode_to_front_end(m.encode(msg))
+        assert isinstance(got, m.Outputs)
+        if got.rids:
+            client._deliver_columns(got)
+        client._deliver(got.items)
+    return [
+        (r.rid, r.index, list(r.output_ids), r.first_token_time is not None, r.finish_reason, r.cached_prompt_tokens,
+         None if r.cell is None else (r.cell.text_limit, r.cell.pushed, r.cell.finished), r.rid in client.live)
+        for reqs in front.values() for r in reqs
+    ]  # fmt: skip
+
+
+@settings(max_examples=30, deadline=None)
+@given(intervals=st.lists(st.sampled_from([1, 1, 2, 3, 0]), min_size=1, max_size=5), n=st.integers(1, 2),
+       seed=st.integers(0, 2**16))  # fmt: skip
+def test_a_front_end_ends_in_the_same_state_with_columns(intervals: list[int], n: int, seed: int) -> None:
+    assert _front_end_state(intervals, n, seed, columns=True) == _front_end_state(intervals, n, seed, columns=False)
