@@ -16,8 +16,9 @@ class StreamPool(Generic[S]):
 
     torch keeps a cuBLAS workspace for every stream a matmul ran on (32 MiB each on an H100)
     for the life of the process. With new streams for every engine, five engines created and
-    closed in turn on an H100 host left 945, 979, 1,013, 1,046 and 1,080 MB reserved. Reused
-    streams reuse their workspaces. (Dropping every workspace when the last engine closes,
+    closed in turn on an H100 host left 945, 979, 1,013, 1,046 and 1,080 MB reserved (torch
+    cycles through 32 streams a device, so up to ~1 GiB in all). Reused streams reuse their
+    workspaces. (Dropping every workspace when the last engine closes,
     with ``torch._C._cuda_clearCublasWorkspaces``, would also stop the growth, but it is
     process-wide: a graph the embedding program captured with cuBLAS would replay against freed
     memory.) A set goes back only once its work has finished; after a stall, never.
