@@ -28,6 +28,7 @@ import httpx
 import torch
 
 from loadgen.procstat import tree_cpu
+from loadgen.server_view import from_engine_stats
 
 
 def _port() -> int:
@@ -89,25 +90,20 @@ def _row(label: str, s: dict[str, Any]) -> dict[str, Any]:
         # client and server share this host's CPUs.
         "client_cores": (s.get("client") or {}).get("cores"),
         "host_busy": (s.get("host") or {}).get("busy_fraction"),
-        **_per_step(
-            server.get("engine_steps"),
-            server.get("host_plan_s"),
-            server.get("host_launch_s"),
-            server.get("host_commit_s"),
-            gap,
-        ),
+        **_per_step(server),
     }
 
 
-def _per_step(
-    steps: float | None, plan: float | None, launch: float | None, commit: float | None, gap: float | None
-) -> dict[str, Any]:
+def _per_step(counters: dict[str, float]) -> dict[str, Any]:
     """The core's steps over a run, and per step its host time (plan, launch and commit, from
-    its own counters) and the device's idle: a run whose host time a step is near or above the
-    device's step time is host-bound, and more steps for the same tokens means smaller ones."""
-    if not steps or None in (plan, launch, commit, gap):
+    its own counters; ``loadgen.server_view``'s keys) and the device's idle: a run whose host
+    time a step is near or above the device's step time is host-bound, and more steps for the
+    same tokens means smaller ones."""
+    steps = counters.get("engine_steps")
+    host = [counters.get(k) for k in ("host_plan_s", "host_launch_s", "host_commit_s", "device_gap_s")]
+    if not steps or any(v is None for v in host):
         return {}
-    assert plan is not None and launch is not None and commit is not None and gap is not None
+    plan, launch, commit, gap = (float(v or 0.0) for v in host)
     return {"steps": int(steps), "host_us_per_step": (plan + launch + commit) / steps * 1e6,
             "gap_us_per_step": gap / steps * 1e6}  # fmt: skip
 
@@ -179,7 +175,7 @@ def engine_direct(
         return {"label": label, "output_tok_s": tokens / wall, "completed": n, "failed": 0,
                 "device_busy_s": busy, "device_gap_s": gap, "device_idle_fraction": gap / (busy + gap),
                 "ttft_p50_ms": float("nan"), "ttft_p99_ms": float("nan"), "itl_p50_ms": float("nan"),
-                **_per_step(st.num_steps, st.host_plan_s, st.host_launch_s, st.host_commit_s, gap)}  # fmt: skip
+                **_per_step(from_engine_stats(st))}  # fmt: skip
 
     async def run() -> list[dict[str, Any]]:
         dtype = "bfloat16" if device == "cuda" else "float32"

@@ -267,7 +267,7 @@ class Engine:
 
     @property
     def runner(self) -> ModelRunner:
-        return self._loop.runner
+        return self._runner
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:
