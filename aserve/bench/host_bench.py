@@ -51,8 +51,8 @@ def bench_schedule(batch: int = 64, steps: int = 1000) -> dict[str, Any]:
                       max_new_tokens=1100, seed=0, stop_ids=frozenset()))  # fmt: skip
 
     def commit(plan: Plan) -> None:
-        for s in plan.seqs:
-            s.req.output_ids.append(1)
+        for r in plan.reqs():
+            r.output_ids.append(1)
 
     first = sched.schedule(False)  # the prefills
     assert isinstance(first, Plan)
@@ -62,7 +62,7 @@ def bench_schedule(batch: int = 64, steps: int = 1000) -> dict[str, Any]:
         t0 = time.perf_counter()
         plan = sched.schedule(True)
         times.append(time.perf_counter() - t0)
-        assert isinstance(plan, Plan) and len(plan.seqs) == batch
+        assert isinstance(plan, Plan) and len(plan.reqs()) == batch
         commit(plan)
     times.sort()
     return {"batch": batch, "steps": steps, "median_us": statistics.median(times) * 1e6,

@@ -85,8 +85,8 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128) -> dict[str, Any]
         host = build_inputs(plan, graphs)
         step = runner._step(index, plan, done, done, done, [host])
         step.outputs = tokens
-        for s in plan.seqs:
-            s.req.inflight += 1
+        for r in plan.reqs():
+            r.inflight += 1
         return step
 
     index = 0
@@ -155,14 +155,14 @@ def bench_mixed(batch: int, steps: int, seed: int = 4, warmup: int = 100) -> dic
         if not isinstance(plan, Plan):
             break
         step = runner._step(i, plan, done, done, done, [build_inputs(plan, graphs, xgraphs)])
-        step.outputs = StepOutputs(token_ids=[7] * len(plan.seqs))
-        for s in plan.seqs:
-            s.req.inflight += 1
+        step.outputs = StepOutputs(token_ids=[7] * len(plan.reqs()))
+        for r in plan.reqs():
+            r.inflight += 1
         t2 = time.perf_counter()
         committer.commit(step)
         t3 = time.perf_counter()
         if i >= warmup:  # past the first wave's prefills
-            rows.append((plan.num_decodes < len(plan.seqs), t1 - t0, t2 - t1, t3 - t2))
+            rows.append((plan.num_decodes < len(plan.reqs()), t1 - t0, t2 - t1, t3 - t2))
         for r in reqs:
             if r.cell is not None:
                 r.cell.take_nowait()

@@ -106,10 +106,14 @@ class DecodeGraphs:
         inputs[2].fill_(self.pool.pad_slot)
         return _Static(b, inputs)
 
+    def padded_size(self, n: int) -> int | None:
+        """The captured batch size a step of ``n`` decodes replays (None: larger than any)."""
+        return next((x for x in self.sizes if x >= n), None)
+
     def host_inputs(self, rows: list[int], positions: list[int], slots: list[int]) -> list[int] | None:
         """The step's graph input padded to its ladder size ([3, Bp] int64, row-major, flat),
         or None when the batch is larger than the largest graph."""
-        pad = next((x for x in self.sizes if x >= len(rows)), None)
+        pad = self.padded_size(len(rows))
         if pad is None:
             return None
         n = pad - len(rows)

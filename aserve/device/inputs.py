@@ -25,6 +25,7 @@ from aserve.device.extend_graphs import ExtendGraphs
 from aserve.sampling.masks import GrammarState, fill_masks
 from aserve.sampling.sampler import SamplingBatch, make_sampling_batch
 from aserve.sampling_params import SamplingParams
+from aserve.scheduler.decode_batch import DecodeBlock
 from aserve.scheduler.policy import Plan
 
 _NO_OUTPUTS: list[int] = []  # stands for the output of a request without penalties (never read)
@@ -151,25 +152,29 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
     fast = _graph_fast_inputs(plan, graphs)
     if fast is not None:
         return fast
-    rows: list[int] = []
-    gens: list[int] = []
-    prefix: list[int] = []
-    extend: list[int] = []
-    slots: list[int] = []
-    table_rows: list[int] = []
-    table_cols: list[int] = []
-    table_slots: list[int] = []
-    input_ids: list[int] = []
-    decode_token_idx: list[int] = []
-    decode_rows: list[int] = []
-    decode_gens: list[int] = []
-    sample_idx: list[int] = []
-    positions: list[int] = []
+    block = plan.block
+    # The block's decodes lead, straight from its columns (copies: the lists below grow);
+    # then every other sequence one by one.
+    rows = list(block.rows) if block else []
+    gens = list(block.gens) if block else []
+    prefix = list(block.positions) if block else []
+    n = len(prefix)
+    extend = [1] * n
+    slots = list(block.slots) if block else []
+    table_rows = list(rows)
+    table_cols = list(prefix)
+    table_slots = list(slots)
+    input_ids = [0] * n
+    decode_token_idx = list(range(n))
+    decode_rows = list(rows)
+    decode_gens = list(gens)
+    sample_idx = list(range(n))
+    positions = list(prefix)
     plp_idx: list[int] = []
     plp_target: list[int] = []
     plp_spans: list[tuple[int, int, int]] = []
     plp_top = 0
-    for i, s in enumerate(plan.seqs):
+    for i, s in enumerate(plan.extra, start=n):
         row, pos = s.row, s.prefix_len
         rows.append(row)
         gens.append(s.generation)
@@ -252,9 +257,11 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
 
 def _all_plain_greedy(plan: Plan) -> bool:
     """Every token the step samples is the plain argmax (no penalty, bias, logprobs, grammar,
-    or stop ids banned under min_tokens); a prompt's non-final chunk samples nothing."""
-    return all(
-        not s.samples or (s.req.params.is_plain_greedy and s.output_index >= s.req.params.min_tokens) for s in plan.seqs
+    or stop ids banned under min_tokens); a prompt's non-final chunk samples nothing. (A
+    block's members have no grammar and no min_tokens.)"""
+    return (plan.block is None or plan.block.greedy) and all(
+        not s.samples or (s.req.params.is_plain_greedy and s.output_index >= s.req.params.min_tokens)
+        for s in plan.extra
     )
 
 
@@ -264,7 +271,17 @@ def _sampling_inputs(plan: Plan) -> tuple[SamplingInputs, list[tuple[int, int, i
     sampling = SamplingInputs([], [], [], [], [], [], [])
     pending: list[tuple[int, int, int]] = []
     decode = -1
-    for i, s in enumerate(plan.seqs):
+    if (block := plan.block) is not None:  # no penalty, grammar or min_tokens among them
+        reqs = block.reqs
+        n = len(reqs)
+        sampling.params.extend(r.params for r in reqs)
+        sampling.seeds.extend(r.seed for r in reqs)
+        sampling.steps.extend(block.output_index)
+        sampling.prompts.extend(r.prompt_ids for r in reqs)
+        sampling.outputs.extend([_NO_OUTPUTS] * n)
+        sampling.banned.extend([_NO_BAN] * n)
+        decode += n
+    for i, s in enumerate(plan.extra, start=len(sampling.params)):
         req = s.req
         decode += s.input_ids is None
         if s.samples and req.grammar is not None:
@@ -299,6 +316,9 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
     masked logits (``mask_rows``). None when the step needs the general path."""
     if graphs is None:
         return None
+    block = plan.only_block
+    if block is not None:
+        return _block_graph_inputs(block, graphs) if block.greedy else None
     mask_rows: list[int] = []
     grammar: list[GrammarState] = []
     for i, s in enumerate(plan.seqs):  # one pass: every sequence decodes (and so samples) greedily
@@ -320,6 +340,15 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
         fields["mask_rows"] = mask_rows
     flat, spans = pack_int64(fields)
     return StepInputs(flat, spans, positions, [1] * len(rows), None, grammar=grammar, mask_rows=mask_rows)
+
+
+def _block_graph_inputs(block: DecodeBlock, graphs: DecodeGraphs) -> StepInputs | None:
+    """The fast path from a block's columns (no per-sequence loop)."""
+    graph_in = graphs.host_inputs(block.rows, block.positions, block.slots)
+    if graph_in is None:
+        return None
+    flat, spans = pack_int64({"rows": block.rows, "gens": block.gens, "graph_in": graph_in})
+    return StepInputs(flat, spans, block.positions, [1] * len(block), None)
 
 
 def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tuple[int, int]]]:

@@ -156,7 +156,8 @@ class ModelRunner:
         """The step handle; the plan's sequences are the snapshot the committer reads."""
         return Step(
             index=index,
-            entries=plan.seqs,
+            entries=plan.extra,
+            block=plan.block,
             num_tokens=plan.num_tokens,
             num_decodes=plan.num_decodes,
             forward_begin=begin,

@@ -23,7 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aserve.device.events import DeviceEvent, HostMark
-from aserve.scheduler.policy import SeqPlan
+from aserve.scheduler.decode_batch import DecodeBlock
+from aserve.scheduler.req import Req
+from aserve.scheduler.seq import SeqPlan
 
 
 @dataclass
@@ -44,6 +46,7 @@ class StepOutputs:
 class Step:
     index: int
     # The plan's sequences, in launch order: the committer's snapshot of what was launched.
+    # With a ``block`` (the plain decodes as columns), they lead and ``entries`` follow.
     entries: list[SeqPlan]
     num_tokens: int
     num_decodes: int
@@ -74,6 +77,16 @@ class Step:
     prompt_spans: list[tuple[int, int, int]] = field(default_factory=list)
     # (entry, GrammarState) of the rows a grammar constrains: the commit advances them.
     grammar_rows: list[tuple[int, Any]] = field(default_factory=list)
+    block: DecodeBlock | None = None
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.entries) + (0 if self.block is None else len(self.block))
+
+    def reqs(self) -> list[Req]:
+        """Every sequence's request, in launch order."""
+        extra = [e.req for e in self.entries]
+        return extra if self.block is None else self.block.reqs + extra
 
     def read_outputs(self) -> StepOutputs:
         """Host copies of the sampled tokens; valid only once ``copied`` completed."""

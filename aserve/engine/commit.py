@@ -43,11 +43,17 @@ class Committer:
         outs = step.read_outputs()
         token_ids, with_logprobs = outs.token_ids, outs.logprobs is not None
         now = time.perf_counter()
+        # The block's plain decodes lead (indexes 0..n-1), the entries follow (n..).
+        n = 0
+        if step.block is not None:
+            n = len(step.block)
+            self._commit_block(step.block.reqs, token_ids[:n] if step.entries else token_ids, now)
+        entries = step.entries
         # Before the entries: the last prompt chunk's logprobs must be whole when its first
         # token reaches the cell.
         row = 0
         for i, first, count in step.prompt_spans:
-            req = step.entries[i].req
+            req = entries[i - n].req
             if req.finish_reason is None:
                 self._prompt_logprobs(req, outs, row, first, count)
             row += count
@@ -55,12 +61,12 @@ class Committer:
         # one call for all, on the fill's pool at a large batch. Each request appears once in a
         # step and nothing below touches another's matcher, so this is what advancing each in
         # turn within the loop gave. A finished request's row is overshoot: not advanced.
-        rows = [(i, g) for i, g in step.grammar_rows if step.entries[i].req.finish_reason is None]
+        rows = [(i, g) for i, g in step.grammar_rows if entries[i - n].req.finish_reason is None]
         advanced: dict[int, bool] = {}
         if rows:
             ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
             advanced = {i: took for (i, _), took in zip(rows, ok, strict=True)}
-        for i, entry in enumerate(step.entries):
+        for i, entry in enumerate(entries, start=n):
             req = entry.req
             req.inflight -= 1
             assert req.inflight >= 0, f"{req.rid}: more commits than launches"
@@ -89,6 +95,32 @@ class Committer:
                     self._append(req, token_ids[i], logprob, now, advanced.get(i))
             if req.finish_reason is not None:
                 self.scheduler.release_if_done(req)
+
+    def _commit_block(self, reqs: list[Req], token_ids: list[int], now: float) -> None:
+        """A step of plain decodes (no logprobs, stop strings, grammar or ``min_tokens``):
+        ``_append`` with the branches these requests never take left out."""
+        committed = 0
+        release = self.scheduler.release_if_done
+        for req, token in zip(reqs, token_ids, strict=True):
+            req.inflight -= 1
+            if req.finish_reason is not None:  # overshoot: dropped
+                release(req)
+                continue
+            outputs = req.output_ids
+            outputs.append(token)
+            committed += 1
+            if req.first_token_time is None:
+                req.first_token_time = now
+            cell = req.cell
+            assert cell is not None, f"{req.rid} was admitted without an output cell"
+            cell.push(token, None)
+            if token in req.stop_ids:
+                self.finish(req, "stop", token if token in req.params.stop_token_ids else None)
+                release(req)
+            elif len(outputs) >= req.max_new_tokens:
+                self.finish(req, "length")
+                release(req)
+        self.output_tokens += committed
 
     @staticmethod
     def _prompt_logprobs(req: Req, outs: StepOutputs, row: int, first: int, count: int) -> None:
@@ -183,4 +215,5 @@ class Committer:
         if req.cell is not None:
             req.cell.finish(req.finish_reason, stop_reason)  # type: ignore[arg-type]
         self._stop_detok.pop(id(req), None)
+        self.scheduler.note_ended(req)
         self.on_finish(req)

@@ -36,7 +36,7 @@ class StepRecorder:
         self.stats.add(
             StepRecord(
                 index=step.index,
-                num_seqs=len(step.entries),
+                num_seqs=step.num_seqs,
                 num_tokens=step.num_tokens,
                 num_decodes=step.num_decodes,
                 depth_in_use=step.depth_in_use,
@@ -101,7 +101,7 @@ class StepRecorder:
         tr.span("launch", tr.HOST, step.launch_time, step.launch_time + step.launch_s - step.prepare_s, step=i)
         tr.span("commit", tr.HOST, commit_t0, commit_end, step=i)
         dev_begin, dev_end = self.device_clock(step.forward_begin), self.device_clock(step.materialized)
-        tr.span(f"step {i}", tr.DEVICE, dev_begin, dev_end, seqs=len(step.entries), tokens=step.num_tokens)
+        tr.span(f"step {i}", tr.DEVICE, dev_begin, dev_end, seqs=step.num_seqs, tokens=step.num_tokens)
         # The four states: planned while the host builds it, in flight from launch until the
         # device materialized its tokens, materialized until the commit took them.
         tr.state_span("planned", i, plan_t0, step.launch_time)

@@ -202,7 +202,7 @@ class StepLoop:
                     self._deferred = step
                 self._launched_at.append(time.monotonic())
                 if self.recorder.trace is not None:
-                    for seq in plan.seqs:
+                    for seq in plan.extra:  # a block holds decodes only
                         if seq.prefix_len == 0:
                             self.recorder.trace.request_state(seq.req.rid, "running", step.launch_time)
                 if self.debug:
@@ -239,8 +239,8 @@ class StepLoop:
             if isinstance(result, Plan):
                 planned_t = time.perf_counter()
                 host = self.runner.prepare(result)
-                for seq in result.seqs:
-                    seq.req.inflight += 1
+                for req in result.reqs():
+                    req.inflight += 1
                 self.planned_ahead += self._deferred is not None
                 while self._deferred is not None and self.broken is None:
                     await self._sampled.wait()  # its sampler launches after the next commit

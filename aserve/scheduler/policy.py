@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import TYPE_CHECKING
 
 from aserve.kv.allocator import KVAllocator
+from aserve.scheduler.decode_batch import DecodeBatch, DecodeBlock, is_plain
 from aserve.scheduler.prefix import PrefixCache
 from aserve.scheduler.req import Req
+from aserve.scheduler.seq import SeqPlan
+
+__all__ = ["Blocked", "Plan", "Scheduler", "SchedulerConfig", "SeqPlan"]
 
 if TYPE_CHECKING:
     from aserve.config import EngineConfig
@@ -60,40 +63,45 @@ class SchedulerConfig:
         )
 
 
-@dataclass(slots=True)
-class SeqPlan:
-    """One sequence's part of a step. Built fresh every step and never changed after launch,
-    so it is also the step's snapshot of the sequence that the committer reads."""
-
-    req: Req
-    row: int
-    generation: int
-    prefix_len: int
-    extend_len: int
-    slots: list[int]
-    input_ids: list[int] | None  # host tokens for a prefill chunk; None: decode input from the FutureMap
-    samples: bool  # the sampled token is an output (last prefill chunk, or a decode)
-    output_index: int  # index of the output token this step samples (seeded sampling step)
-    pending_output: bool  # the decode input is an output not yet committed (overlap look-ahead)
-    prefix_slots: Sequence[int] = ()  # cached prefix slots for positions [0, len)
-
-    @property
-    def kv_end(self) -> int:
-        """Positions [0, kv_end) hold KV once this step is committed."""
-        return self.prefix_len + self.extend_len
-
-
 class Plan:
-    """The next step's sequences: decodes first, then prefill chunks."""
+    """The next step's sequences: decodes first, then prefill chunks.
 
-    __slots__ = ("num_decodes", "num_tokens", "seqs")
+    ``block``: the plain decodes as columns (:class:`DecodeBlock`), leading the step;
+    ``extra``: the other sequences (decodes outside the batch, then prefill chunks) as
+    ``SeqPlan``\\ s. ``seqs`` is every sequence as a ``SeqPlan`` (built from the block on first
+    use, for the general input path and debug checks)."""
 
-    def __init__(self, seqs: list[SeqPlan], num_decodes: int | None = None, num_tokens: int | None = None) -> None:
+    __slots__ = ("_seqs", "block", "extra", "num_decodes", "num_tokens")
+
+    def __init__(
+        self, seqs: list[SeqPlan], num_decodes: int | None = None, num_tokens: int | None = None,
+        block: DecodeBlock | None = None,
+    ) -> None:  # fmt: skip
         """``num_decodes`` / ``num_tokens``: counted here unless the planner, which knows
         them (the decodes lead, one token each), passes them."""
-        self.seqs = seqs
-        self.num_decodes = sum(1 for s in seqs if s.input_ids is None) if num_decodes is None else num_decodes
-        self.num_tokens = sum(s.extend_len for s in seqs) if num_tokens is None else num_tokens
+        self.block = block
+        self.extra = seqs
+        self._seqs = seqs if block is None else None
+        nb = 0 if block is None else len(block)
+        self.num_decodes = nb + sum(1 for s in seqs if s.input_ids is None) if num_decodes is None else num_decodes
+        self.num_tokens = nb + sum(s.extend_len for s in seqs) if num_tokens is None else num_tokens
+
+    @property
+    def seqs(self) -> list[SeqPlan]:
+        if self._seqs is None:
+            assert self.block is not None
+            self._seqs = self.block.seq_plans() + self.extra
+        return self._seqs
+
+    @property
+    def only_block(self) -> DecodeBlock | None:
+        """The block, when it is the whole step (the committer's columnar path)."""
+        return self.block if not self.extra else None
+
+    def reqs(self) -> list[Req]:
+        """Every sequence's request, in launch order."""
+        extra = [s.req for s in self.extra]
+        return extra if self.block is None else self.block.reqs + extra
 
 
 class Blocked(Enum):
@@ -123,6 +131,11 @@ class Scheduler:
         self.failed: list[tuple[Req, BaseException | None]] = []
         self.prefix = PrefixCache(pool, config.radix_cache, config.debug)
         self.prefill_tokens_computed = 0
+        # The plain decoders as columns (None: rebuilt from ``running`` at the next plan), the
+        # other decoders one by one, and the requests whose last prefill chunk was just planned.
+        self._batch: DecodeBatch | None = None
+        self._loose: list[Req] = []
+        self._joining: list[Req] = []
 
     # -- intake and release -------------------------------------------------
 
@@ -144,7 +157,13 @@ class Scheduler:
         self._free(req)
         return True
 
+    def note_ended(self, req: Req) -> None:
+        """``req`` ended (the committer's finish, an abort) or was freed: it leaves the batch."""
+        if self._batch is not None:
+            self._batch.leaving.append(req)
+
     def _free(self, req: Req, publish: bool = True) -> None:
+        self.note_ended(req)
         if req.row is not None:
             self.prefix.release(req, publish=publish)
             self.pool.rows.free(req.row)
@@ -155,6 +174,7 @@ class Scheduler:
 
     def release_all(self) -> None:
         """Engine shutdown, after the device stopped: return everything still held."""
+        self._batch = None
         for req in list(self.running):
             req.inflight = 0
             if not req.resources_freed:
@@ -176,33 +196,26 @@ class Scheduler:
 
     def schedule(self, pipeline_busy: bool) -> Plan | Blocked:
         budget = self.config.max_num_batched_tokens
-        lookahead = self.config.constrained_lookahead
-        # The hot loop of every step, once per running request, with Req's properties inlined:
-        # prefill done, not finished, not ending by length once more is launched. A request
-        # with penalties reads its outputs so far, and the launch path stands in for one
-        # uncommitted output (the FutureMap's), not two: at depth 3 it waits for a commit.
-        # A structured request's mask is computed on the host from its committed tokens: with
-        # ``constrained_lookahead`` its step is split (the forward now, the sampler once the
-        # steps before it are committed), else it waits for every launched token's commit (a
-        # look-ahead of zero).
-        decodes = [
-            r
-            for r in self.running
-            if r.num_computed >= len(r.fill_ids)
-            and r.finish_reason is None
-            and not r.abort_requested
-            and not r.length_reached(r.num_launched_outputs)
-            and (r.num_launched_outputs - len(r.output_ids) <= 1 or not r.params.has_penalty)
-            and (r.grammar is None or lookahead or r.num_launched_outputs == len(r.output_ids))
-        ]
-        decodes = decodes[:budget]
-        if not self._room_for(self._decode_pages(decodes)):  # cached, unused prefixes go before anyone is retracted
-            if pipeline_busy:
-                return Blocked.DRAIN
-            decodes = self._retract_until_fits(decodes)
-        # A decode whose page allocation failed sits this step out (None).
-        seqs = [seq for r in decodes if (seq := self._plan_decode(r)) is not None]
-        num_decodes = len(seqs)
+        batch, loose = self._decoders()
+        block: DecodeBlock | None = None
+        if len(batch) + len(loose) <= budget and self._room_for(batch.pages_needed() + self._decode_pages(loose)):
+            # The steady state: the batch's columns advance in place, the others one by one.
+            if len(batch):
+                block, failed = batch.plan(self.pool)
+                for r, exc in failed:  # no page (None): it sits this step out, one by one from now
+                    (self._loose.append(r) if exc is None else self.failed.append((r, exc)))
+            seqs = [seq for r in loose if (seq := self._plan_decode(r)) is not None]
+        else:
+            decodes = self._eligible(self.running)[:budget]
+            if not self._room_for(self._decode_pages(decodes)):  # cached, unused prefixes go before anyone is retracted
+                if pipeline_busy:
+                    return Blocked.DRAIN
+                decodes = self._retract_until_fits(decodes)
+            # The general path plans everyone one by one; the batch is rebuilt at the next plan.
+            self._batch = None
+            # A decode whose page allocation failed sits this step out (None).
+            seqs = [seq for r in decodes if (seq := self._plan_decode(r)) is not None]
+        num_decodes = len(seqs) + (0 if block is None else len(block))
         budget -= num_decodes
         chunk_tokens = 0
 
@@ -240,11 +253,61 @@ class Scheduler:
             chunk_tokens += chunk.extend_len
         if order_before is not None:
             self._count_skips(order_before)
-        if not seqs:
+        if not seqs and block is None:
             if not pipeline_busy and self._unstick():
                 return self.schedule(pipeline_busy)
             return Blocked.IDLE
-        return Plan(seqs, num_decodes, num_decodes + chunk_tokens)
+        return Plan(seqs, num_decodes, num_decodes + chunk_tokens, block)
+
+    def _eligible(self, reqs: list[Req]) -> list[Req]:
+        """Those of ``reqs`` that decode this step.
+
+        The hot loop of the general path, once per request, with Req's properties inlined:
+        prefill done, not finished, not ending by length once more is launched. A request
+        with penalties reads its outputs so far, and the launch path stands in for one
+        uncommitted output (the FutureMap's), not two: at depth 3 it waits for a commit.
+        A structured request's mask is computed on the host from its committed tokens: with
+        ``constrained_lookahead`` its step is split (the forward now, the sampler once the
+        steps before it are committed), else it waits for every launched token's commit (a
+        look-ahead of zero)."""
+        lookahead = self.config.constrained_lookahead
+        return [
+            r
+            for r in reqs
+            if r.num_computed >= len(r.fill_ids)
+            and r.finish_reason is None
+            and not r.abort_requested
+            and not r.length_reached(r.num_launched_outputs)
+            and (r.num_launched_outputs - len(r.output_ids) <= 1 or not r.params.has_penalty)
+            and (r.grammar is None or lookahead or r.num_launched_outputs == len(r.output_ids))
+        ]
+
+    def _decoders(self) -> tuple[DecodeBatch, list[Req]]:
+        """The batch, settled (members that ended left it, new decoders joined), and the
+        decoders outside it that decode this step."""
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = DecodeBatch(self.pool.page_size)
+            self._joining.clear()
+            decoders = [r for r in self.running if r.row is not None and r.num_computed >= len(r.fill_ids)]
+            self._loose = []
+            self._join(batch, decoders)
+        elif self._joining:
+            joining = [r for r in self._joining if r.row is not None]
+            self._joining.clear()
+            self._join(batch, joining)
+        batch.settle()
+        if self._loose:
+            self._loose = [r for r in self._loose if r.row is not None and r.finish_reason is None]
+        return batch, self._eligible(self._loose)
+
+    def _join(self, batch: DecodeBatch, reqs: list[Req]) -> None:
+        live = [r for r in reqs if r.finish_reason is None and not r.abort_requested]
+        plain = [r for r in live if is_plain(r)]
+        if plain:
+            batch.join(plain)
+        if len(plain) < len(live):
+            self._loose.extend(r for r in live if not is_plain(r))
 
     def _unstick(self) -> bool:
         """Nothing could be planned and nothing is in flight: make progress possible.
@@ -392,6 +455,7 @@ class Scheduler:
         self.prefill_tokens_computed += n
         if samples:
             r.num_launched_outputs += 1
+            self._joining.append(r)  # it decodes from the next step on
         return plan
 
     def _retract_until_fits(self, decodes: list[Req]) -> list[Req]:
@@ -434,6 +498,7 @@ class Scheduler:
         self.prefix.release(req, publish=True)
         self.pool.rows.free(req.row)
         req.row = None
+        self._batch = None
         self.running.remove(req)
         req.fill_ids = req.prompt_ids + req.output_ids
         req.num_computed = 0

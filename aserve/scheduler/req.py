@@ -87,7 +87,8 @@ class Req:
         return self.num_launched_outputs - len(self.output_ids)
 
     def length_reached(self, num_outputs: int) -> bool:
-        """The one home of the length limit: a request with ``num_outputs`` outputs is done by
-        length. The planner asks it of launched outputs (do not launch one more), the
-        committer of committed outputs (finish with ``"length"``)."""
+        """The length limit: a request with ``num_outputs`` outputs is done by length. The
+        planner asks it of launched outputs (do not launch one more), the committer of
+        committed outputs (finish with ``"length"``). The decode batch and the committer's
+        block path apply the same rule to ``max_new_tokens`` directly, as a column."""
         return num_outputs >= self.max_new_tokens

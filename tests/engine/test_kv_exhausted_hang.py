@@ -48,13 +48,18 @@ def test_a_request_that_outgrows_the_pool_ends_with_a_typed_error(
 ) -> None:
     """Admission clips max_tokens to the pool, so only a request that outgrows it anyway can be
     stuck; here the length limit is switched off so it does. It must end with KVCapacityError
-    (not a "length" finish that looks like success), other requests unaffected, KV all back."""
+    (not a "length" finish that looks like success), other requests unaffected, KV all back.
+    (It decodes outside the decode batch, whose columns hold the limit itself: there each step
+    asks ``Req.length_reached``.)"""
+    import aserve.scheduler.policy as policy
     from aserve.scheduler.req import Req
 
     path, _ = tiny_llama
     runaway = aserve.SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, seed=99)
     real = Req.length_reached
     monkeypatch.setattr(Req, "length_reached", lambda self, n: False if self.params is runaway else real(self, n))
+    plain = policy.is_plain
+    monkeypatch.setattr(policy, "is_plain", lambda r: r.params is not runaway and plain(r))
 
     async def run() -> tuple[BaseException | None, Any, Any]:
         cfg = aserve.EngineConfig(

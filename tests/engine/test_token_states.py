@@ -33,7 +33,7 @@ async def check_states(engine: aserve.Engine, num_requests: int = 6, max_tokens:
         # Every earlier state was resolved by the time this one woke its waiter.
         row[state] = [getattr(step, s).done() for s in STATES]
         if state == "committed":
-            row["committed_outputs"] = [len(e.req.output_ids) for e in step.entries]
+            row["committed_outputs"] = [len(r.output_ids) for r in step.reqs()]
 
     def watch(step: Step) -> None:
         row: dict[str, Any] = {"step": step}

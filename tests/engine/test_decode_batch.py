@@ -1,0 +1,214 @@
+"""The persistent decode batch plans what the per-request path plans.
+
+The planner keeps plain decoders as columns (``aserve.scheduler.decode_batch``) and every
+other decoder one ``SeqPlan`` at a time. The reference here is the same planner with the
+batch switched off (``is_plain`` false for everyone: the one-by-one path that served before
+it). Both drive the real planner, decode-graph inputs, runner handles and committer on the
+CPU, without a model, through the same random workload: plain, penalised and sampled
+requests, stop tokens, aborts, page boundaries every few tokens, a pool small enough to
+drain and retract, and one step planned ahead of each commit (the overlap). They must plan
+the same tokens for the same requests at every step (without the prefix cache: with it, the
+two may evict different cached pages, both valid), give every request the same outputs,
+write each step's KV where the request's pages say, build the same device inputs from the
+block's columns as from the same sequences one by one, and free everything.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import aserve.scheduler.policy as policy
+from aserve.device.decode_graphs import DecodeGraphs
+from aserve.device.events import DeviceEvent
+from aserve.device.extend_graphs import ExtendGraphs
+from aserve.device.future_map import FutureMap
+from aserve.device.inputs import build_inputs, unpack_int64
+from aserve.device.runner import ModelRunner
+from aserve.device.step import Step, StepOutputs
+from aserve.engine.cell import OutputCell
+from aserve.engine.commit import Committer
+from aserve.kv.pool import KVPool
+from aserve.models.config import ModelConfig
+from aserve.sampling_params import SamplingParams
+from aserve.scheduler.policy import Blocked, Plan, Scheduler, SchedulerConfig
+from aserve.scheduler.req import Req
+
+_CFG = ModelConfig(
+    architecture="llama", vocab_size=64, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=1,
+    num_kv_heads=1, head_dim=8, rms_norm_eps=1e-6, max_position_embeddings=512, rope_theta=1e4,
+)  # fmt: skip
+STOP = 1
+
+
+def _token(rid: str, index: int, stop_every: int) -> int:
+    """The 'model': a token fixed by the request and the output's index (both runs agree)."""
+    h = random.Random(f"{rid}/{index}").randrange(1 << 30)
+    return STOP if stop_every and h % stop_every == 0 else 2 + h % 60
+
+
+class _Tokenizer:
+    """The committer reads the tokenizer only for stop strings, which these requests have none of."""
+
+
+def _run(
+    spec: dict[str, Any],
+) -> tuple[list[list[tuple[str, int, int, int]]], dict[str, Any], Any, list[tuple[bool, int]]]:
+    ps, rng = spec["page_size"], random.Random(spec["seed"])
+    device = torch.device("cpu")
+    pool = KVPool(_CFG, num_pages=spec["pages"], page_size=ps, num_rows=spec["rows"], max_context=256,
+                  dtype=torch.float32, device=device)  # fmt: skip
+    sched = Scheduler(pool, SchedulerConfig(max_running_requests=spec["rows"], radix_cache=spec["radix"],
+                                            max_num_batched_tokens=48, debug=True))  # fmt: skip
+    fmap = FutureMap(pool.rows.num_rows + 1, device, debug=False)
+    graphs = DecodeGraphs(torch.nn.Identity(), pool, fmap, device, spec["rows"]) if spec["graphs"] else None
+    xgraphs = ExtendGraphs(torch.nn.Identity(), pool, device, 48, spec["rows"], 64) if spec["graphs"] else None
+    runner = ModelRunner(torch.nn.Identity(), pool, device, fmap, None, None, decode_graphs=graphs)
+    committer = Committer(sched, _Tokenizer(), on_finish=lambda r: None)  # type: ignore[arg-type]
+    reqs: list[Req] = []
+    for i, (prompt_len, max_tokens, kind) in enumerate(spec["reqs"]):
+        params = {
+            "plain": SamplingParams(max_tokens=max_tokens, temperature=0),
+            "penalty": SamplingParams(max_tokens=max_tokens, temperature=0, presence_penalty=0.5),
+            "sampled": SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=i),
+            "min_tokens": SamplingParams(max_tokens=max_tokens, temperature=0, min_tokens=min(3, max_tokens)),
+        }[kind]
+        prompt = [rng.randrange(2, 64) for _ in range(prompt_len)]
+        r = Req(rid=f"r{i}", index=0, prompt_ids=prompt, params=params, max_new_tokens=max_tokens, seed=i,
+                stop_ids=frozenset({STOP}))  # fmt: skip
+        r.cell = OutputCell(wake_every=0)
+        reqs.append(r)
+    arrivals = {step: [r for k, r in enumerate(reqs) if k % spec["waves"] == step] for step in range(spec["waves"])}
+    aborts = dict(spec["aborts"])  # step -> request index
+    done = DeviceEvent("done")
+    done._complete()
+    planned: list[list[tuple[str, int, int, int]]] = []
+    blocks: list[tuple[bool, int]] = []  # (a block leads the step, SeqPlans after it)
+    inflight: list[Step] = []
+
+    def commit_one() -> None:
+        committer.commit(inflight.pop(0))
+
+    def end_stuck() -> None:  # as the step loop does: these end with an error, the rest run on
+        for r, cause in [*sched.failed, *((r, None) for r in sched.stuck)]:
+            if not r.finished:
+                committer.fail(r, cause or RuntimeError("no KV"))
+            sched.release_if_done(r)
+        sched.failed.clear()
+        sched.stuck.clear()
+
+    index = 0
+    while index < 400:
+        for r in arrivals.pop(index, []):
+            sched.add(r)
+        if index in aborts:
+            victim = reqs[aborts[index] % len(reqs)]
+            if not victim.finished and (victim.row is not None or victim in sched.waiting):
+                victim.abort_requested = True
+                committer.finish(victim, "abort")
+                if not sched.remove_waiting(victim):
+                    sched.release_if_done(victim)
+        plan = sched.schedule(pipeline_busy=bool(inflight))
+        end_stuck()
+        if plan is Blocked.DRAIN or plan is Blocked.IDLE:
+            if not inflight:
+                if plan is Blocked.IDLE and index >= spec["waves"] and all(r.finished for r in reqs):
+                    break
+                index += 1
+                continue
+            commit_one()
+            continue
+        assert isinstance(plan, Plan)
+        host = build_inputs(plan, graphs, xgraphs)
+        seqs = plan.seqs
+        if plan.block is not None:  # the columns give what the same sequences one by one give
+            ref = build_inputs(Plan(seqs, plan.num_decodes, plan.num_tokens), graphs, xgraphs)
+            assert (host.spans, host.packed.tolist()) == (ref.spans, ref.packed.tolist())
+            assert (host.prefix_cpu, host.extend_cpu, host.sampling) == (ref.prefix_cpu, ref.extend_cpu, ref.sampling)
+        for s in seqs:  # each new token's KV goes where the request's pages say
+            for k, slot in enumerate(s.slots):
+                pos = s.prefix_len + k
+                assert slot == s.req.pages[pos // ps] * ps + pos % ps, (s.req.rid, pos)
+        if host.sampling is None and "graph_in" in host.spans:  # a decode graph's input: same columns
+            views = unpack_int64(host.packed, host.spans)
+            n = len(seqs)
+            assert views["graph_in"][0, :n].tolist() == [s.row for s in seqs]
+            assert views["graph_in"][1, :n].tolist() == [s.prefix_len for s in seqs]
+            assert views["graph_in"][2, :n].tolist() == [s.slots[0] for s in seqs]
+            assert views["gens"].tolist() == [s.generation for s in seqs]
+        planned.append(sorted((s.req.rid, s.prefix_len, s.extend_len, s.output_index) for s in seqs))
+        step = runner._step(index, plan, done, done, done, [host])
+        step.outputs = StepOutputs(token_ids=[_token(s.req.rid, s.output_index, spec["stop_every"]) for s in seqs])
+        for r in plan.reqs():
+            r.inflight += 1
+        blocks.append((step.block is not None, len(step.entries)))
+        inflight.append(step)
+        if len(inflight) > 1:  # one step planned ahead of each commit
+            commit_one()
+        index += 1
+    while inflight:
+        commit_one()
+    for r in reqs:
+        if not r.finished:
+            sched.remove_waiting(r)
+    outputs = {r.rid: (r.finish_reason, list(r.output_ids)) for r in reqs}
+    assert all(r.finished for r in reqs), [r.rid for r in reqs if not r.finished]
+    return planned, outputs, pool.ledger(sched.prefix.num_cached_pages), blocks
+
+
+_KINDS = st.sampled_from(["plain", "plain", "plain", "penalty", "sampled", "min_tokens"])
+_spec = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 1 << 16),
+        "page_size": st.sampled_from([1, 2, 4, 16]),
+        "pages": st.integers(24, 200),
+        "rows": st.integers(2, 9),
+        "radix": st.booleans(),
+        "graphs": st.booleans(),
+        "waves": st.integers(1, 4),
+        "stop_every": st.sampled_from([0, 7, 23]),
+        "reqs": st.lists(st.tuples(st.integers(1, 20), st.integers(1, 40), _KINDS), min_size=1, max_size=12),
+        "aborts": st.lists(st.tuples(st.integers(0, 40), st.integers(0, 11)), max_size=3),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=_spec)
+def test_the_batch_plans_what_the_one_by_one_path_plans(spec: dict[str, Any]) -> None:
+    async def both() -> tuple[Any, Any]:
+        got = _run(spec)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(policy, "is_plain", lambda r: False)
+            ref = _run(spec)
+        return got, ref
+
+    (planned, outputs, ledger, _), (ref_planned, ref_outputs, _, ref_blocks) = anyio.run(both)
+    assert not any(b for b, _ in ref_blocks)
+    assert outputs == ref_outputs
+    if not spec["radix"]:  # with the prefix cache, eviction order may differ (both valid)
+        assert planned == ref_planned
+    assert ledger.all_free and ledger.balanced
+
+
+def test_plain_decodes_run_as_one_block() -> None:
+    """The steady state is what the batch is for: once every request decodes, every step is
+    one block (columns, no SeqPlan), and a request that finishes leaves it."""
+    spec = {"seed": 3, "page_size": 4, "pages": 200, "rows": 4, "radix": False, "graphs": True, "waves": 1,
+            "stop_every": 0, "reqs": [(5, 12, "plain"), (7, 20, "plain"), (3, 30, "plain")], "aborts": []}  # fmt: skip
+
+    async def run() -> Any:
+        return _run(spec)
+
+    planned, outputs, ledger, blocks = anyio.run(run)
+    assert [len(outputs[f"r{i}"][1]) for i in range(3)] == [12, 20, 30]
+    sizes = [len(step) for step in planned]
+    assert sizes[0] == 3 and sizes[1:12] == [3] * 11 and sizes[12:20] == [2] * 8 and set(sizes[20:]) == {1}
+    assert blocks[0] == (False, 3) and set(blocks[1:]) == {(True, 0)}, blocks  # the prefills, then blocks only
+    assert ledger.all_free and ledger.balanced
