@@ -24,7 +24,6 @@ the running requests.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 from aserve.kv.allocator import KVAllocator
@@ -123,9 +122,9 @@ class DecodeBatch:
         drop: set[int] = set()
         if self.leaving:
             reqs = self.reqs
-            for r in self.leaving:
-                with contextlib.suppress(ValueError):  # not a member (never joined, or left)
-                    drop.add(reqs.index(r))
+            # ``in`` first: a miss (not a member, or named twice) would make ``index`` build
+            # its ValueError's message from the request's repr.
+            drop.update(reqs.index(r) for r in self.leaving if r in reqs)
             self.leaving.clear()
         recount = self.steps_left <= 0
         if recount:
