@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import anyio
+import anyio.lowlevel
 import zmq
 import zmq.asyncio
 
@@ -164,6 +165,10 @@ class CoreService:
                 await self._send(fe, msg)
             else:
                 await fe.signal.wait()
+                # The commit that woke us then frees a pipeline slot, which wakes the planner
+                # after us: let it plan and launch the next step before we collect (the
+                # device waits for that launch; the front end waits a few microseconds more).
+                await anyio.lowlevel.checkpoint()
 
     async def _status_loop(self) -> None:
         while True:
