@@ -178,17 +178,6 @@ class DecodeGraphs:
                 s.graph.reset()
         self._static.clear()
 
-    def replay_from_host(self, pinned: torch.Tensor) -> GraphOutputs:
-        """Replay the captured graph for a [3 * Bp] input in pinned host memory, copied straight
-        into the graph's static input on the current stream (which must be the stream that
-        replays: the copy then waits for the previous replay's reads of it)."""
-        s = self._static[pinned.numel() // 3]
-        assert s.graph is not None and s.out is not None, "a captured graph (CUDA)"
-        s.inputs.view(-1).copy_(pinned, non_blocking=True)
-        self.runs += 1
-        s.graph.replay()
-        return s.out
-
     def run(self, graph_inputs: torch.Tensor) -> GraphOutputs:
         """Replay (CUDA) or run (CPU) the graph for ``graph_inputs`` ([3, Bp] on the device)."""
         s = self._static[graph_inputs.shape[1]]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -71,9 +70,6 @@ class ModelRunner:
         self.cuda_waiter = cuda_waiter
         self._index = 0
         self.fast_graph_steps = 0  # steps whose host inputs took the greedy graph fast path
-        # Launch those on the forward stream alone (_launch_graph_greedy); ASERVE_DIRECT_GRAPH_LAUNCH=0
-        # takes the general path instead (kept to measure one against the other).
-        self.direct_graph_launch = os.environ.get("ASERVE_DIRECT_GRAPH_LAUNCH", "1") != "0"
         self.split_steps = 0  # steps launched in two (constrained rows' masks filled later)
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
@@ -142,12 +138,7 @@ class ModelRunner:
         self.split_steps += defer
         index = self._index
         self._index += 1
-        if self.is_cuda and host.sampling is None and not host.grammar and "graph_in" in host.spans:
-            if self.direct_graph_launch and not self.future_map.debug:
-                step = self._launch_graph_greedy(index, plan, host)
-            else:
-                step = self._launch_cuda(index, plan, host, defer)
-        elif self.is_cuda:
+        if self.is_cuda:
             step = self._launch_cuda(index, plan, host, defer)
         else:
             step = self._launch_cpu(index, plan, host, defer)
@@ -374,32 +365,6 @@ class ModelRunner:
             step.finish_launch = finish
         else:
             sample_and_copy(lambda: self._device_work(dev))
-        return step
-
-    def _launch_graph_greedy(self, index: int, plan: Plan, host: StepInputs) -> Step:
-        """The steady state's launch: a decode graph step whose every row is plain greedy. Only
-        the graph's input goes to the device, from pinned memory straight into the graph's
-        static input, and the graph's argmax comes back from the graph's own buffer, both on
-        the forward stream (after the previous replay read that input, before the next one
-        rewrites that buffer): no device allocation, no views, no clone, no other stream. The
-        general path (``_launch_cuda``) takes a dozen more torch calls for the same step, ~0.3
-        ms of host time a step on the slower GPU hosts."""
-        graphs = self.decode_graphs
-        assert graphs is not None
-        off, n = host.spans["graph_in"]
-        batch = host.spans["rows"][1]
-        pinned = self.staging.buffer(index, torch.int64, n)
-        pinned.copy_(host.packed[off : off + n])
-        fs = self.forward_stream
-        out = self.out_staging.buffer(index, torch.int64, batch, "token_ids")
-        with on_stream(fs):
-            begin = self._record(fs, f"step{index}.forward_begin")
-            g = graphs.replay_from_host(pinned)
-            materialized = self._record(fs, f"step{index}.materialized")
-            out.copy_(g.tokens[:batch], non_blocking=True)
-            copied = self._record(fs, f"step{index}.copied", self.cuda_waiter)
-        step = self._step(index, plan, begin, materialized, copied, [])
-        step.read_host = lambda: StepOutputs(out.tolist())
         return step
 
     def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
