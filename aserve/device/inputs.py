@@ -316,9 +316,12 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
     masked logits (``mask_rows``). None when the step needs the general path."""
     if graphs is None:
         return None
-    block = plan.only_block
+    block = plan.block
     if block is not None:
-        return _block_graph_inputs(block, graphs) if block.greedy else None
+        if not plan.extra:
+            return _block_graph_inputs(block, graphs) if block.greedy else None
+        if not block.greedy or any(s.input_ids is not None for s in plan.extra):
+            return None  # a prompt chunk in the step: not a decode graph's (and no SeqPlans built)
     mask_rows: list[int] = []
     grammar: list[GrammarState] = []
     for i, s in enumerate(plan.seqs):  # one pass: every sequence decodes (and so samples) greedily
