@@ -136,8 +136,16 @@ class KVAllocator:
             if got is None:
                 return None
             page_list.extend(got)
+        # A range a page (a prompt chunk is thousands of positions; its pages, a few hundred).
         ps = self.page_size
-        return [page_list[pos // ps] * ps + pos % ps for pos in range(old_len, new_len)]
+        slots: list[int] = []
+        pos = old_len
+        while pos < new_len:
+            end = min(new_len, (pos // ps + 1) * ps)
+            first = page_list[pos // ps] * ps + pos % ps
+            slots.extend(range(first, first + end - pos))
+            pos = end
+        return slots
 
     def ledger(self, cached_pages: int = 0) -> LedgerView:
         return LedgerView(
