@@ -17,6 +17,7 @@ from aserve.device.step import Step, StepOutputs
 from aserve.logs import get_logger
 from aserve.outputs import TokenLogprob
 from aserve.sampling.masks import advance_all
+from aserve.scheduler.decode_batch import DecodeBlock
 from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 from aserve.tokenizer.detokenizer import IncrementalDetokenizer
@@ -47,7 +48,7 @@ class Committer:
         n = 0
         if step.block is not None:
             n = len(step.block)
-            self._commit_block(step.block.reqs, token_ids[:n] if step.entries else token_ids, now)
+            self._commit_block(step.block, token_ids[:n] if step.entries else token_ids, now)
         entries = step.entries
         # Before the entries: the last prompt chunk's logprobs must be whole when its first
         # token reaches the cell.
@@ -96,13 +97,20 @@ class Committer:
             if req.finish_reason is not None:
                 self.scheduler.release_if_done(req)
 
-    def _commit_block(self, reqs: list[Req], token_ids: list[int], now: float) -> None:
+    def _commit_block(self, block: DecodeBlock, token_ids: list[int], now: float) -> None:
         """A step of plain decodes (no logprobs, stop strings, grammar or ``min_tokens``):
-        ``_append`` with the branches these requests never take left out."""
+        ``_append`` with the branches these requests never take left out. A row's generation
+        cannot change while a step in flight holds its request (rows return at the safe
+        point), so the general path's generation check runs here in debug mode only."""
+        reqs = block.reqs
+        if self.scheduler.config.debug:
+            for req, gen in zip(reqs, block.gens, strict=True):
+                assert req.finish_reason is not None or req.generation == gen, f"{req.rid}: row generation changed"
         committed = 0
         release = self.scheduler.release_if_done
         for req, token in zip(reqs, token_ids, strict=True):
             req.inflight -= 1
+            assert req.inflight >= 0, f"{req.rid}: more commits than launches"
             if req.finish_reason is not None:  # overshoot: dropped
                 release(req)
                 continue

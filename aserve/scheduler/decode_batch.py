@@ -34,7 +34,14 @@ from aserve.scheduler.seq import SeqPlan
 def is_plain(req: Req) -> bool:
     """Whether ``req``'s decodes need no per-step decision of the planner or the committer."""
     p = req.params
-    return req.grammar is None and not p.has_penalty and p.logprobs is None and not p.stop and p.min_tokens == 0
+    return (
+        req.grammar is None
+        and p.structured_outputs is None
+        and not p.has_penalty
+        and p.logprobs is None
+        and not p.stop
+        and p.min_tokens == 0
+    )
 
 
 @dataclass(slots=True, eq=False)

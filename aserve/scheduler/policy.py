@@ -204,6 +204,10 @@ class Scheduler:
                 block, failed = batch.plan(self.pool)
                 for r, exc in failed:  # no page (None): it sits this step out, one by one from now
                     (self._loose.append(r) if exc is None else self.failed.append((r, exc)))
+                if not len(block):
+                    block = None  # every member's page failed: no block (nor an empty step)
+                elif self.config.debug:
+                    self._check_block(block)
             seqs = [seq for r in loose if (seq := self._plan_decode(r)) is not None]
         else:
             decodes = self._eligible(self.running)[:budget]
@@ -258,6 +262,19 @@ class Scheduler:
                 return self.schedule(pipeline_busy)
             return Blocked.IDLE
         return Plan(seqs, num_decodes, num_decodes + chunk_tokens, block)
+
+    def _check_block(self, block: DecodeBlock) -> None:
+        """Debug: the block's columns agree with its requests (what ``_plan_decode`` asserts)."""
+        ps, cap = self.pool.page_size, self.pool.max_context
+        for i, r in enumerate(block.reqs):
+            pos, out = block.positions[i], block.output_index[i]
+            assert block.rows[i] == r.row and block.gens[i] == r.generation, (r.rid, block.rows[i], r.row)
+            assert pos < cap and pos < len(r.pages) * ps, (r.rid, pos, len(r.pages))
+            assert block.slots[i] == r.pages[pos // ps] * ps + pos % ps, (r.rid, pos, block.slots[i])
+            assert (pos, out) == (r.num_computed - 1, r.num_launched_outputs - 1), (r.rid, pos, out)
+            assert out - len(r.output_ids) <= self.config.max_lookahead, (
+                f"look-ahead {out - len(r.output_ids)} for {r.rid}"
+            )
 
     def _eligible(self, reqs: list[Req]) -> list[Req]:
         """Those of ``reqs`` that decode this step.

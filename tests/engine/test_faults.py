@@ -225,6 +225,48 @@ def test_an_allocator_that_says_no_room_where_room_was_counted_delays_but_change
     assert_nothing_left(engine)
 
 
+@pytest.mark.parametrize("fault", ["no-room", "raises"])
+def test_a_lone_decoder_whose_page_is_refused(
+    tiny_llama: tuple[Path, Any], clean_tokens: list[list[int]], fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One request decoding alone (in the decode batch) reaches a page start and the allocator
+    says no room once, or raises. No room: it sits a step out and its tokens are unchanged.
+    Raises: it ends with KVAllocationError and the engine serves on. (An empty decode block
+    was once launched as a step here, which ended the engine.)"""
+
+    async def run() -> tuple[Any, Any, aserve.Engine]:
+        engine = aserve.Engine(config(tiny_llama[0]))
+        async with engine:
+            pages = engine.scheduler.pool.pages
+            real, calls = pages.alloc, {"n": 0}
+
+            def faulty(n: int) -> list[int] | None:
+                calls["n"] += 1
+                if calls["n"] == 2:  # the prompt's pages are call 1; its first decode page call 2
+                    if fault == "raises":
+                        raise MemoryError("injected allocator failure")
+                    return None
+                return real(n)
+
+            with anyio.fail_after(BOUND_S):
+                with monkeypatch.context() as m:
+                    m.setattr(pages, "alloc", faulty)
+                    try:
+                        out: Any = await engine.complete(PROMPTS[0], PARAMS)
+                    except aserve.AserveError as exc:
+                        out = exc
+                after = await engine.complete(PROMPTS[0], PARAMS)
+        return out, after, engine
+
+    out, after, engine = anyio.run(run)
+    if fault == "no-room":
+        assert out.token_ids == clean_tokens[0], out
+    else:
+        assert isinstance(out, aserve.KVAllocationError), out
+    assert after.token_ids == clean_tokens[0] and engine.failure is None
+    assert_nothing_left(engine)
+
+
 def test_a_lone_request_the_allocator_never_admits_ends_instead_of_hanging(
     tiny_llama: tuple[Path, Any], clean_tokens: list[list[int]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
