@@ -196,9 +196,15 @@ class Scheduler:
 
     def schedule(self, pipeline_busy: bool) -> Plan | Blocked:
         budget = self.config.max_num_batched_tokens
-        batch, loose = self._decoders()
         block: DecodeBlock | None = None
-        if len(batch) + len(loose) <= budget and self._room_for(batch.pages_needed() + self._decode_pages(loose)):
+        # A token budget below the batch size could not hold every decode: no batch then (it
+        # would be rebuilt and dropped every step), the general path alone.
+        steady = budget >= self.config.max_running_requests
+        if steady:
+            batch, loose = self._decoders()
+            need = batch.pages_needed() + self._decode_pages(loose)
+            steady = len(batch) + len(loose) <= budget and self._room_for(need)
+        if steady:
             # The steady state: the batch's columns advance in place, the others one by one.
             if len(batch):
                 block, failed = batch.plan(self.pool)
@@ -217,6 +223,7 @@ class Scheduler:
                 decodes = self._retract_until_fits(decodes)
             # The general path plans everyone one by one; the batch is rebuilt at the next plan.
             self._batch = None
+            self._joining.clear()
             # A decode whose page allocation failed sits this step out (None).
             seqs = [seq for r in decodes if (seq := self._plan_decode(r)) is not None]
         num_decodes = len(seqs) + (0 if block is None else len(block))

@@ -171,6 +171,7 @@ def _run(
     for r in reqs:
         if not r.finished:
             sched.remove_waiting(r)
+    assert len(sched._joining) <= spec["rows"], "requests pile up waiting to join a batch"
     outputs = {r.rid: (r.finish_reason, list(r.output_ids)) for r in reqs}
     assert all(r.finished for r in reqs), [r.rid for r in reqs if not r.finished]
     return planned, outputs, pool.ledger(sched.prefix.num_cached_pages), blocks
