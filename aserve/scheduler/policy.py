@@ -93,11 +93,6 @@ class Plan:
             self._seqs = self.block.seq_plans() + self.extra
         return self._seqs
 
-    @property
-    def only_block(self) -> DecodeBlock | None:
-        """The block, when it is the whole step (the committer's columnar path)."""
-        return self.block if not self.extra else None
-
     def reqs(self) -> list[Req]:
         """Every sequence's request, in launch order."""
         extra = [s.req for s in self.extra]
