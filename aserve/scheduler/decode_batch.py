@@ -61,10 +61,10 @@ class DecodeBlock:
         return len(self.reqs)
 
     def seq_plans(self) -> list[SeqPlan]:
-        """The same decodes as ``SeqPlan``\\ s, for the general input path and debug checks.
-
-        Built in the synchronous stretch of planning (``build_inputs``), so ``pending_output``
-        reads the committed state the plan saw."""
+        """The same decodes as ``SeqPlan``\\ s: for the decode-graph fast path when other
+        decodes come with the block, for debug checks and for tests. ``pending_output`` reads
+        the committed state when they are built, which may be after a later commit (debug
+        checks); it is read only for penalised requests, which never join a block."""
         cols = zip(self.reqs, self.rows, self.gens, self.positions, self.slots, self.output_index, strict=True)
         return [
             SeqPlan(r, row, gen, pos, 1, [slot], None, True, out, out > len(r.output_ids))
