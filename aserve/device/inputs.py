@@ -155,12 +155,14 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
     block = plan.block
     # The block's decodes lead, straight from its columns (copies: the lists below grow);
     # then every other sequence one by one.
-    rows = list(block.rows) if block else []
-    gens = list(block.gens) if block else []
-    prefix = list(block.positions) if block else []
+    rows: list[int] = []
+    gens: list[int] = []
+    prefix: list[int] = []
+    slots: list[int] = []
+    if block is not None:
+        rows, gens, prefix, slots = list(block.rows), list(block.gens), list(block.positions), list(block.slots)
     n = len(prefix)
     extend = [1] * n
-    slots = list(block.slots) if block else []
     table_rows = list(rows)
     table_cols = list(prefix)
     table_slots = list(slots)

@@ -13,13 +13,14 @@ the step's snapshot is a :class:`DecodeBlock` of columns rather than one object 
 
 The requests' planned counters (``num_computed``, ``num_launched_outputs``) are still
 advanced on each ``Req``, so everything that reads a request (release, retraction, the
-prefix cache, stats) sees what it always saw. Members leave when they end or are freed (the
-committer and the planner name them in ``leaving``; the batch finds them with ``list.index``,
-an identity scan in C, so a step where a few requests end costs no pass over the batch in
-Python), when their launched outputs reach their length (checked when the smallest number
-of steps any member has left runs out), or all at once when the planner falls back to its
-general path (KV short, more decodes than the token budget): then the batch is rebuilt from
-the running requests.
+prefix cache, stats) sees what it always saw. Members leave when they end (every end, an
+abort included, passes the committer's ``finish``, which names them in ``leaving``; the batch
+finds them with ``list.index``, an identity scan in C, so a step where a few requests end
+costs no pass over the batch in Python), when their launched outputs reach their length
+(checked when the smallest number of steps any member has left runs out), or all at once
+when the planner falls back to its general path (KV short, more decodes than the token
+budget) or retracts: then the batch is rebuilt from the running requests. :class:`Decoders`
+keeps the batch, the other decoders and the requests about to join.
 """
 
 from __future__ import annotations
@@ -60,6 +61,17 @@ class DecodeBlock:
     def __len__(self) -> int:
         return len(self.reqs)
 
+    def check(self, page_size: int, max_context: int, max_lookahead: int) -> None:
+        """Debug: the columns agree with their requests (what the one-by-one path asserts)."""
+        ps = page_size
+        for i, r in enumerate(self.reqs):
+            pos, out = self.positions[i], self.output_index[i]
+            assert self.rows[i] == r.row and self.gens[i] == r.generation, (r.rid, self.rows[i], r.row)
+            assert pos < max_context and pos < len(r.pages) * ps, (r.rid, pos, len(r.pages))
+            assert self.slots[i] == r.pages[pos // ps] * ps + pos % ps, (r.rid, pos, self.slots[i])
+            assert (pos, out) == (r.num_computed - 1, r.num_launched_outputs - 1), (r.rid, pos, out)
+            assert out - len(r.output_ids) <= max_lookahead, f"look-ahead {out - len(r.output_ids)} for {r.rid}"
+
     def seq_plans(self) -> list[SeqPlan]:
         """The same decodes as ``SeqPlan``\\ s: for the decode-graph fast path when other
         decodes come with the block, for debug checks and for tests. ``pending_output`` reads
@@ -89,7 +101,8 @@ class DecodeBatch:
         self.limit: list[int] = []  # max_new_tokens
         self.steps_left = 0  # steps until a member's launched outputs may reach its limit (a lower bound)
         self.greedy = True
-        self.leaving: list[Req] = []  # requests that ended or were freed since the last plan
+        self.leaving: list[Req] = []  # requests that ended since the last plan
+        self.starts: list[int] = []  # members whose position starts a page this step (``settle``)
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -124,13 +137,13 @@ class DecodeBatch:
             self.greedy = all(r.params.is_greedy_argmax for r in self.reqs)
 
     def settle(self) -> None:
-        """Drop members that ended or were freed (``leaving``) and those whose launched outputs
-        reached their length (they launch nothing more; the commit ends them)."""
+        """Drop members that ended (``leaving``) and those whose launched outputs reached their
+        length (they launch nothing more; the commit ends them); find this step's page starts."""
         drop: set[int] = set()
         if self.leaving:
             reqs = self.reqs
-            # ``in`` first: a miss (not a member, or named twice) would make ``index`` build
-            # its ValueError's message from the request's repr.
+            # ``in`` first: a miss (not a member) would make ``index`` build its ValueError's
+            # message from the request's repr.
             drop.update(reqs.index(r) for r in self.leaving if r in reqs)
             self.leaving.clear()
         recount = self.steps_left <= 0
@@ -140,24 +153,22 @@ class DecodeBatch:
             self._drop(sorted(drop))
         if recount:
             self.steps_left = min((lim - o for lim, o in zip(self.limit, self.out, strict=True)), default=0)
-
-    def _page_starts(self) -> list[int]:
-        """Members whose position this step starts a page."""
-        return [i for i, s in enumerate(self.slot) if s < 0]
+        self.starts = [i for i, s in enumerate(self.slot) if s < 0]
 
     def pages_needed(self) -> int:
         """Pages this step's decodes allocate: where a position starts a page not yet held."""
         ps, reqs, pos = self.page_size, self.reqs, self.pos
-        return sum(pos[i] >= len(reqs[i].pages) * ps for i in self._page_starts())
+        return sum(pos[i] >= len(reqs[i].pages) * ps for i in self.starts)
 
     def plan(self, pool: KVAllocator) -> tuple[DecodeBlock, list[tuple[Req, BaseException | None]]]:
         """This step's block, advancing every member by one token, and the members whose page
         allocation failed (they leave the batch and sit this step out: None, no page; or the
-        allocator's exception). ``pages_needed`` pages must be free (the planner checked)."""
+        allocator's exception). Follows ``settle`` in the same step, and ``pages_needed``
+        pages must be free (the planner checked)."""
         ps = self.page_size
         failed: list[tuple[Req, BaseException | None]] = []
         slot = self.slot
-        for i in self._page_starts():
+        for i in self.starts:
             r, p = self.reqs[i], self.pos[i]
             pages = r.pages
             if p == len(pages) * ps:
@@ -184,3 +195,50 @@ class DecodeBatch:
             r.num_computed += 1
             r.num_launched_outputs += 1
         return block, failed
+
+
+class Decoders:
+    """Who decodes next: the plain requests as a :class:`DecodeBatch`, the others (``loose``)
+    one by one, and ``joining``, the requests whose last prefill chunk was just planned."""
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+        self.batch: DecodeBatch | None = None  # None: rebuilt from the running requests
+        self.loose: list[Req] = []
+        self.joining: list[Req] = []
+
+    def reset(self) -> None:
+        """The planner planned everyone one by one (or retracted): rebuild at the next step."""
+        self.batch = None
+        self.joining.clear()
+
+    def ended(self, req: Req) -> None:
+        """``req`` ended (the committer's finish, an abort): it leaves the batch."""
+        if self.batch is not None:
+            self.batch.leaving.append(req)
+
+    def current(self, running: list[Req]) -> tuple[DecodeBatch, list[Req]]:
+        """The batch, settled for this step (members that ended left it, new decoders joined),
+        and the live decoders outside it (whether each decodes this step is the planner's call)."""
+        batch = self.batch
+        if batch is None:
+            batch = self.batch = DecodeBatch(self.page_size)
+            self.joining.clear()
+            self.loose = []
+            self._join(batch, [r for r in running if r.row is not None and r.num_computed >= len(r.fill_ids)])
+        elif self.joining:
+            joining = [r for r in self.joining if r.row is not None]
+            self.joining.clear()
+            self._join(batch, joining)
+        batch.settle()
+        if self.loose:
+            self.loose = [r for r in self.loose if r.row is not None and r.finish_reason is None]
+        return batch, self.loose
+
+    def _join(self, batch: DecodeBatch, reqs: list[Req]) -> None:
+        plain: list[Req] = []
+        for r in reqs:
+            if r.finish_reason is None and not r.abort_requested:
+                (plain if is_plain(r) else self.loose).append(r)
+        if plain:
+            batch.join(plain)

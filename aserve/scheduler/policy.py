@@ -15,7 +15,7 @@ from enum import Enum
 from typing import TYPE_CHECKING
 
 from aserve.kv.allocator import KVAllocator
-from aserve.scheduler.decode_batch import DecodeBatch, DecodeBlock, is_plain
+from aserve.scheduler.decode_batch import DecodeBlock, Decoders
 from aserve.scheduler.prefix import PrefixCache
 from aserve.scheduler.req import Req
 from aserve.scheduler.seq import SeqPlan
@@ -69,7 +69,7 @@ class Plan:
     ``block``: the plain decodes as columns (:class:`DecodeBlock`), leading the step;
     ``extra``: the other sequences (decodes outside the batch, then prefill chunks) as
     ``SeqPlan``\\ s. ``seqs`` is every sequence as a ``SeqPlan`` (built from the block on first
-    use, for the general input path and debug checks)."""
+    use, for debug checks and tests)."""
 
     __slots__ = ("_seqs", "block", "extra", "num_decodes", "num_tokens")
 
@@ -126,11 +126,7 @@ class Scheduler:
         self.failed: list[tuple[Req, BaseException | None]] = []
         self.prefix = PrefixCache(pool, config.radix_cache, config.debug)
         self.prefill_tokens_computed = 0
-        # The plain decoders as columns (None: rebuilt from ``running`` at the next plan), the
-        # other decoders one by one, and the requests whose last prefill chunk was just planned.
-        self._batch: DecodeBatch | None = None
-        self._loose: list[Req] = []
-        self._joining: list[Req] = []
+        self.decoders = Decoders(pool.page_size)  # the plain ones as columns, the others one by one
 
     # -- intake and release -------------------------------------------------
 
@@ -153,12 +149,10 @@ class Scheduler:
         return True
 
     def note_ended(self, req: Req) -> None:
-        """``req`` ended (the committer's finish, an abort) or was freed: it leaves the batch."""
-        if self._batch is not None:
-            self._batch.leaving.append(req)
+        """``req`` ended (the committer's finish, an abort): it decodes no more."""
+        self.decoders.ended(req)
 
     def _free(self, req: Req, publish: bool = True) -> None:
-        self.note_ended(req)
         if req.row is not None:
             self.prefix.release(req, publish=publish)
             self.pool.rows.free(req.row)
@@ -169,7 +163,7 @@ class Scheduler:
 
     def release_all(self) -> None:
         """Engine shutdown, after the device stopped: return everything still held."""
-        self._batch = None
+        self.decoders.reset()
         for req in list(self.running):
             req.inflight = 0
             if not req.resources_freed:
@@ -196,7 +190,8 @@ class Scheduler:
         # would be rebuilt and dropped every step), the general path alone.
         steady = budget >= self.config.max_running_requests
         if steady:
-            batch, loose = self._decoders()
+            batch, loose = self.decoders.current(self.running)
+            loose = self._eligible(loose)
             need = batch.pages_needed() + self._decode_pages(loose)
             steady = len(batch) + len(loose) <= budget and self._room_for(need)
         if steady:
@@ -204,11 +199,11 @@ class Scheduler:
             if len(batch):
                 block, failed = batch.plan(self.pool)
                 for r, exc in failed:  # no page (None): it sits this step out, one by one from now
-                    (self._loose.append(r) if exc is None else self.failed.append((r, exc)))
+                    (self.decoders.loose.append(r) if exc is None else self.failed.append((r, exc)))
                 if not len(block):
                     block = None  # every member's page failed: no block (nor an empty step)
                 elif self.config.debug:
-                    self._check_block(block)
+                    block.check(self.pool.page_size, self.pool.max_context, self.config.max_lookahead)
             seqs = [seq for r in loose if (seq := self._plan_decode(r)) is not None]
         else:
             decodes = self._eligible(self.running)[:budget]
@@ -217,8 +212,7 @@ class Scheduler:
                     return Blocked.DRAIN
                 decodes = self._retract_until_fits(decodes)
             # The general path plans everyone one by one; the batch is rebuilt at the next plan.
-            self._batch = None
-            self._joining.clear()
+            self.decoders.reset()
             # A decode whose page allocation failed sits this step out (None).
             seqs = [seq for r in decodes if (seq := self._plan_decode(r)) is not None]
         num_decodes = len(seqs) + (0 if block is None else len(block))
@@ -265,19 +259,6 @@ class Scheduler:
             return Blocked.IDLE
         return Plan(seqs, num_decodes, num_decodes + chunk_tokens, block)
 
-    def _check_block(self, block: DecodeBlock) -> None:
-        """Debug: the block's columns agree with its requests (what ``_plan_decode`` asserts)."""
-        ps, cap = self.pool.page_size, self.pool.max_context
-        for i, r in enumerate(block.reqs):
-            pos, out = block.positions[i], block.output_index[i]
-            assert block.rows[i] == r.row and block.gens[i] == r.generation, (r.rid, block.rows[i], r.row)
-            assert pos < cap and pos < len(r.pages) * ps, (r.rid, pos, len(r.pages))
-            assert block.slots[i] == r.pages[pos // ps] * ps + pos % ps, (r.rid, pos, block.slots[i])
-            assert (pos, out) == (r.num_computed - 1, r.num_launched_outputs - 1), (r.rid, pos, out)
-            assert out - len(r.output_ids) <= self.config.max_lookahead, (
-                f"look-ahead {out - len(r.output_ids)} for {r.rid}"
-            )
-
     def _eligible(self, reqs: list[Req]) -> list[Req]:
         """Those of ``reqs`` that decode this step.
 
@@ -300,33 +281,6 @@ class Scheduler:
             and (r.num_launched_outputs - len(r.output_ids) <= 1 or not r.params.has_penalty)
             and (r.grammar is None or lookahead or r.num_launched_outputs == len(r.output_ids))
         ]
-
-    def _decoders(self) -> tuple[DecodeBatch, list[Req]]:
-        """The batch, settled (members that ended left it, new decoders joined), and the
-        decoders outside it that decode this step."""
-        batch = self._batch
-        if batch is None:
-            batch = self._batch = DecodeBatch(self.pool.page_size)
-            self._joining.clear()
-            decoders = [r for r in self.running if r.row is not None and r.num_computed >= len(r.fill_ids)]
-            self._loose = []
-            self._join(batch, decoders)
-        elif self._joining:
-            joining = [r for r in self._joining if r.row is not None]
-            self._joining.clear()
-            self._join(batch, joining)
-        batch.settle()
-        if self._loose:
-            self._loose = [r for r in self._loose if r.row is not None and r.finish_reason is None]
-        return batch, self._eligible(self._loose)
-
-    def _join(self, batch: DecodeBatch, reqs: list[Req]) -> None:
-        live = [r for r in reqs if r.finish_reason is None and not r.abort_requested]
-        plain = [r for r in live if is_plain(r)]
-        if plain:
-            batch.join(plain)
-        if len(plain) < len(live):
-            self._loose.extend(r for r in live if not is_plain(r))
 
     def _unstick(self) -> bool:
         """Nothing could be planned and nothing is in flight: make progress possible.
@@ -474,7 +428,7 @@ class Scheduler:
         self.prefill_tokens_computed += n
         if samples:
             r.num_launched_outputs += 1
-            self._joining.append(r)  # it decodes from the next step on
+            self.decoders.joining.append(r)  # it decodes from the next step on
         return plan
 
     def _retract_until_fits(self, decodes: list[Req]) -> list[Req]:
@@ -517,7 +471,7 @@ class Scheduler:
         self.prefix.release(req, publish=True)
         self.pool.rows.free(req.row)
         req.row = None
-        self._batch = None
+        self.decoders.reset()
         self.running.remove(req)
         req.fill_ids = req.prompt_ids + req.output_ids
         req.num_computed = 0

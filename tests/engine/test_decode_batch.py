@@ -24,7 +24,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import aserve.scheduler.policy as policy
+import aserve.scheduler.decode_batch as decode_batch
 from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import DeviceEvent
 from aserve.device.extend_graphs import ExtendGraphs
@@ -171,7 +171,7 @@ def _run(
     for r in reqs:
         if not r.finished:
             sched.remove_waiting(r)
-    assert len(sched._joining) <= spec["rows"], "requests pile up waiting to join a batch"
+    assert len(sched.decoders.joining) <= spec["rows"], "requests pile up waiting to join a batch"
     outputs = {r.rid: (r.finish_reason, list(r.output_ids)) for r in reqs}
     assert all(r.finished for r in reqs), [r.rid for r in reqs if not r.finished]
     return planned, outputs, pool.ledger(sched.prefix.num_cached_pages), blocks
@@ -203,7 +203,7 @@ def test_the_batch_plans_what_the_one_by_one_path_plans(spec: dict[str, Any]) ->
     async def both() -> tuple[Any, Any]:
         got = _run(spec)
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(policy, "is_plain", lambda r: False)
+            m.setattr(decode_batch, "is_plain", lambda r: False)
             ref = _run(spec)
         return got, ref
 
@@ -227,7 +227,7 @@ def test_an_allocator_that_refuses_delays_requests_but_changes_no_token(spec: di
     async def both() -> tuple[Any, Any]:
         got = _run({**spec, "refuse": refuse})
         with pytest.MonkeyPatch.context() as m:
-            m.setattr(policy, "is_plain", lambda r: False)
+            m.setattr(decode_batch, "is_plain", lambda r: False)
             ref = _run(spec)
         return got, ref
 

@@ -51,15 +51,15 @@ def test_a_request_that_outgrows_the_pool_ends_with_a_typed_error(
     (not a "length" finish that looks like success), other requests unaffected, KV all back.
     (It decodes outside the decode batch, whose columns hold the limit itself: there each step
     asks ``Req.length_reached``.)"""
-    import aserve.scheduler.policy as policy
+    import aserve.scheduler.decode_batch as decode_batch
     from aserve.scheduler.req import Req
 
     path, _ = tiny_llama
     runaway = aserve.SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, seed=99)
     real = Req.length_reached
     monkeypatch.setattr(Req, "length_reached", lambda self, n: False if self.params is runaway else real(self, n))
-    plain = policy.is_plain
-    monkeypatch.setattr(policy, "is_plain", lambda r: r.params is not runaway and plain(r))
+    plain = decode_batch.is_plain
+    monkeypatch.setattr(decode_batch, "is_plain", lambda r: r.params is not runaway and plain(r))
 
     async def run() -> tuple[BaseException | None, Any, Any]:
         cfg = aserve.EngineConfig(
