@@ -47,9 +47,44 @@ class RadixCache:
         self.num_pages = 0  # pages owned by the tree
         self.num_evicted_pages = 0
 
-    def _chunks(self, tokens: Sequence[int]) -> list[tuple[int, ...]]:
+    # Edges are compared a whole run of pages at a time (one tuple of the tokens against the
+    # edge's key, in C), not page by page: a prompt chunk's commit publishes its whole prefix
+    # again, and an 8192-token prefill step publishes 32 of them.
+
+    def _page(self, tokens: Sequence[int], i: int) -> tuple[int, ...]:
+        """Page ``i`` of ``tokens``: the key a node's children are kept under."""
         ps = self.page_size
-        return [tuple(tokens[i : i + ps]) for i in range(0, len(tokens) - len(tokens) % ps, ps)]
+        return tuple(tokens[i * ps : (i + 1) * ps])
+
+    def _walk(self, tokens: Sequence[int]) -> tuple[list[tuple[Node, int]], int]:
+        """The nodes along the longest cached page-aligned prefix of ``tokens``, each with the
+        number of its pages that match (all but perhaps the last's), and the pages matched."""
+        ps = self.page_size
+        total = len(tokens) // ps
+        node, i, path = self.root, 0, []
+        while i < total:
+            child = node.children.get(self._page(tokens, i))
+            if child is None:
+                break
+            n = self._common_pages(child, tokens, i, total)
+            path.append((child, n))
+            i += n
+            if n < len(child.pages):
+                break
+            node = child
+        return path, i
+
+    def _common_pages(self, child: Node, tokens: Sequence[int], start: int, total: int) -> int:
+        """Pages of ``child``'s edge that ``tokens`` repeat from page ``start`` (at least one:
+        the first page is the key ``child`` was found under)."""
+        ps = self.page_size
+        n = min(len(child.pages), total - start)
+        if tuple(tokens[start * ps : (start + n) * ps]) == child.key[: n * ps]:
+            return n
+        k = 1
+        while child.key[k * ps : (k + 1) * ps] == tuple(tokens[(start + k) * ps : (start + k + 1) * ps]):
+            k += 1
+        return k
 
     # -- lookup --------------------------------------------------------------
 
@@ -57,43 +92,18 @@ class RadixCache:
         """The longest cached page-aligned prefix of ``tokens`` (splits an edge if needed)."""
         now = next(self._clock)
         node, pages = self.root, []
-        chunks = self._chunks(tokens)
-        i = 0
-        while i < len(chunks):
-            child = node.children.get(chunks[i])
-            if child is None:
-                break
-            n = self._common_pages(child, chunks, i)
+        path, _ = self._walk(tokens)
+        for child, n in path:
             if n < len(child.pages):
                 child = self._split(child, n)
             child.last_access = now
             pages.extend(child.pages)
             node = child
-            i += n
         return MatchResult(pages, node)
 
     def match_len(self, tokens: Sequence[int]) -> int:
         """Tokens of the longest cached page-aligned prefix; changes nothing (no split, no LRU)."""
-        node, chunks, i = self.root, self._chunks(tokens), 0
-        while i < len(chunks):
-            child = node.children.get(chunks[i])
-            if child is None:
-                break
-            n = self._common_pages(child, chunks, i)
-            i += n
-            if n < len(child.pages):
-                break
-            node = child
-        return i * self.page_size
-
-    def _common_pages(self, child: Node, chunks: list[tuple[int, ...]], start: int) -> int:
-        ps = self.page_size
-        n = 0
-        while (
-            n < len(child.pages) and start + n < len(chunks) and child.key[n * ps : (n + 1) * ps] == chunks[start + n]
-        ):
-            n += 1
-        return n
+        return self._walk(tokens)[1] * self.page_size
 
     def _split(self, child: Node, n: int) -> Node:
         """Cut ``child``'s edge after ``n`` pages; returns the new upper node."""
@@ -116,21 +126,21 @@ class RadixCache:
         taken because the tree already holds that range (duplicates from concurrent
         identical prefixes): those remain the caller's to free.
         """
-        chunks = self._chunks(tokens)
-        assert len(pages) >= len(chunks), (len(pages), len(chunks))
+        ps = self.page_size
+        total = len(tokens) // ps
+        assert len(pages) >= total, (len(pages), total)
         match = self.match(tokens)
         matched = match.num_pages
         duplicates = [p for p, q in zip(pages[:matched], match.pages) if p != q]
         node = match.node
-        if matched < len(chunks):
-            rest = chunks[matched:]
+        if matched < total:
             new = Node(
-                key=tuple(tokens[matched * self.page_size : len(chunks) * self.page_size]),
-                pages=list(pages[matched : len(chunks)]),
+                key=tuple(tokens[matched * ps : total * ps]),
+                pages=list(pages[matched:total]),
                 parent=node,
                 last_access=next(self._clock),
             )
-            node.children[rest[0]] = new
+            node.children[new.key[:ps]] = new
             self.num_pages += len(new.pages)
             node = new
         return node, duplicates
