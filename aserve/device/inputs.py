@@ -38,7 +38,9 @@ class StepFields(NamedTuple):
     prefix: torch.Tensor  # [B] tokens already in the KV cache per sequence
     extend: torch.Tensor  # [B] new tokens per sequence
     slots: torch.Tensor  # [T] KV slot of each new token
-    table_rows: torch.Tensor  # [K] request-to-token table writes: row, column, slot
+    # [K] request-to-token table writes besides the new tokens' (whose rows, columns and slots
+    # are the sequences' rows, ``positions`` and ``slots``): a cache hit's prefix slots.
+    table_rows: torch.Tensor
     table_cols: torch.Tensor
     table_slots: torch.Tensor
     input_ids: torch.Tensor  # [T] prefill tokens; decode positions are filled from the FutureMap
@@ -163,9 +165,9 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
         rows, gens, prefix, slots = list(block.rows), list(block.gens), list(block.positions), list(block.slots)
     n = len(prefix)
     extend = [1] * n
-    table_rows = list(rows)
-    table_cols = list(prefix)
-    table_slots = list(slots)
+    table_rows: list[int] = []
+    table_cols: list[int] = []
+    table_slots: list[int] = []
     input_ids = [0] * n
     decode_token_idx = list(range(n))
     decode_rows = list(rows)
@@ -187,9 +189,6 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
             # slots (those come with an admission's first chunk); plain appends, no temporaries.
             slot = s.slots[0]
             slots.append(slot)
-            table_rows.append(row)
-            table_cols.append(pos)
-            table_slots.append(slot)
             positions.append(pos)
             decode_token_idx.append(len(input_ids))
             decode_rows.append(row)
@@ -197,14 +196,11 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
             input_ids.append(0)
         else:
             slots.extend(s.slots)
-            # Cached prefix slots (first step after a cache hit) and the new tokens' slots.
-            table_rows.extend([row] * (len(s.prefix_slots) + s.extend_len))
-            table_cols.extend(range(len(s.prefix_slots)))
-            new_positions = range(pos, pos + s.extend_len)
-            table_cols.extend(new_positions)
-            positions.extend(new_positions)
-            table_slots.extend(s.prefix_slots)
-            table_slots.extend(s.slots)
+            positions.extend(range(pos, pos + s.extend_len))
+            if s.prefix_slots:  # the first step after a cache hit: the cached prefix's slots
+                table_rows.extend([row] * len(s.prefix_slots))
+                table_cols.extend(range(len(s.prefix_slots)))
+                table_slots.extend(s.prefix_slots)
             if s.req.wants_prompt_logprobs:
                 # Position j's logits give prompt token j + 1's logprob: every position of the
                 # chunk but the prompt's last (whose logits sample the first output).

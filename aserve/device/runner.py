@@ -193,7 +193,12 @@ class ModelRunner:
         f = dev.fields
         assert f is not None, "a step without a graph input has the general fields"
         table = self.pool.table_device
-        table[f.table_rows, f.table_cols] = f.table_slots
+        # The new tokens' table entries: each sequence's row once a token (``output_size`` is
+        # known on the host: no sync), at the tokens' positions; then a cache hit's prefix.
+        token_rows = torch.repeat_interleave(dev.rows, f.extend, output_size=f.positions.shape[0])
+        table[token_rows, f.positions] = f.slots
+        if f.table_rows.shape[0]:
+            table[f.table_rows, f.table_cols] = f.table_slots
         input_ids = f.input_ids
         gathered = None
         if f.decode_rows.numel() > 0:

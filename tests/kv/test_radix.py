@@ -66,7 +66,7 @@ def test_matches_what_was_inserted(seqs: list[list[int]]) -> None:
     for seq in seqs:
         n = len(seq) // 2
         for m in range(n + 1):  # 9 never occurs: a match stops there, mid-edge or not
-            assert t.match_len(seq[: 2 * m] + [9, 9]) == 2 * m
+            assert t.match_len([*seq[: 2 * m], 9, 9]) == 2 * m
         assert t.match(seq).pages == [owned[tuple(seq[: 2 * (i + 1)])] for i in range(n)]
     assert t.num_pages == len(owned)
     assert sorted(t.evict(10_000)) == sorted(owned.values())
