@@ -9,6 +9,7 @@ live in :class:`aserve.kv.pool.KVPool`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 
 @dataclass(frozen=True)
@@ -136,16 +137,17 @@ class KVAllocator:
             if got is None:
                 return None
             page_list.extend(got)
-        # A range a page (a prompt chunk is thousands of positions; its pages, a few hundred).
+        if new_len <= old_len:
+            return []
+        # A range a page, chained in C (a prompt chunk is thousands of positions; its pages, a
+        # few hundred): the first and last pages may be partial.
         ps = self.page_size
-        slots: list[int] = []
-        pos = old_len
-        while pos < new_len:
-            end = min(new_len, (pos // ps + 1) * ps)
-            first = page_list[pos // ps] * ps + pos % ps
-            slots.extend(range(first, first + end - pos))
-            pos = end
-        return slots
+        first, last = old_len // ps, (new_len - 1) // ps
+        starts = [p * ps for p in page_list[first : last + 1]]
+        ends = [s + ps for s in starts]
+        starts[0] += old_len - first * ps
+        ends[-1] -= (last + 1) * ps - new_len
+        return list(chain.from_iterable(map(range, starts, ends)))
 
     def ledger(self, cached_pages: int = 0) -> LedgerView:
         return LedgerView(
