@@ -1,7 +1,7 @@
 """The served path against the engine in process: ``aserve serve`` with and without front-end
 processes, on the same work, with the client spread over several processes.
 
-    python -m aserve.bench.served --out served.json [--api-workers 0,4] [--client-procs 8]
+    python -m aserve.bench.served --out served.json [--api-workers 0,default] [--client-procs 8]
         [--requests 512] [--concurrency 256] [--len 256] [--repeats 3] [--rates 8,32,128]
         [--trace-dir DIR]   # the engine's and each server's step trace (Perfetto), for idle hunting
 
@@ -212,7 +212,11 @@ def main() -> int:
     ap = bench_parser(__doc__, "served.json")
     ap.add_argument("--tiny", action="store_true", help="tiny shapes and sizes (CPU smoke run)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--api-workers", default="0,4", help="front-end process counts to compare")
+    ap.add_argument(
+        "--api-workers",
+        default="0,default",
+        help="front-end process counts to compare; 'default': the server's own choice (no flag)",
+    )
     # Half the cores, at most 8: on the H100 host four client processes lagged 28-113 ms (loop
     # lag p99) at ~50k tok/s, so the client, not the server, set the served figure.
     ap.add_argument("--client-procs", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)))
@@ -269,23 +273,31 @@ def main() -> int:
     s = _loadgen([*eng_args, *work_args, "--rate", "inf", "--max-concurrency", str(conc)], runs, "in_process", env)
     rows.append(_row("in-process engine", s))
     save()
-    for workers in [int(w) for w in a.api_workers.split(",") if w.strip()]:
+    for workers in [w.strip() for w in a.api_workers.split(",") if w.strip()]:
+        # What a user gets without the flag: aserve.ipc.launcher.default_api_workers's choice.
+        flag = [] if workers == "default" else ["--api-workers", workers]
+        if workers == "default":
+            from aserve.config import EngineConfig
+            from aserve.ipc.launcher import default_api_workers
+
+            workers = f"default ({default_api_workers(EngineConfig(model=str(path), device=a.device))})"
+        tag = workers.split(" ")[0]
         port = _port()
         base = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "aserve", "serve", "--model", str(path), "--port", str(port),
                "--served-model-name", "bench", "--max-running-requests", str(conc), "--device", a.device,
-               "--api-workers", str(workers), *server_flags, *a.server_arg]  # fmt: skip
+               *flag, *server_flags, *a.server_arg]  # fmt: skip
         if trace_dir is not None:
-            cmd += ["--trace-path", str(trace_dir / f"server_w{workers}_trace.json")]
-        log = open(runs / f"server_w{workers}.log", "wb")  # noqa: SIM115 - closed below
+            cmd += ["--trace-path", str(trace_dir / f"server_w{tag}_trace.json")]
+        log = open(runs / f"server_w{tag}.log", "wb")  # noqa: SIM115 - closed below
         server = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env)
         try:
-            _wait_ready(base, server, runs / f"server_w{workers}.log")
+            _wait_ready(base, server, runs / f"server_w{tag}.log")
             # Chunks carry their token ids: the client counts them (exactly) instead of
             # tokenizing each chunk's text.
             http_args = ["--base-url", base, "--model", "bench", "--ready-timeout", "600", "--return-token-ids"]
             for rep in range(a.repeats):
-                label = f"served_w{workers}_r{rep}"
+                label = f"served_w{tag}_r{rep}"
                 httpx.post(base + "/admin/flush_cache", timeout=30).raise_for_status()  # as the engine's runs
                 cpu0 = tree_cpu(server.pid)
                 s = _loadgen([*http_args, *work_args, "--rate", "inf", "--max-concurrency", str(conc),
@@ -295,7 +307,7 @@ def main() -> int:
                 rows.append(row)
                 save()
             for rate in [float(r) for r in a.rates.split(",") if r.strip()]:
-                label = f"w3_w{workers}_rate{rate:g}"
+                label = f"w3_w{tag}_rate{rate:g}"
                 s = _loadgen([*http_args, "--workload", "random", "--num-requests", str(a.w3_requests), "--input-len",
                               str(ln), "--output-len", str(ln), "--seed", "2", "--tokenizer", str(path), "--rate",
                               str(rate), "--client-procs", str(a.client_procs)], runs, label, env)  # fmt: skip
