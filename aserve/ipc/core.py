@@ -63,6 +63,7 @@ class CoreService:
         self._sock.setsockopt(zmq.RCVHWM, 0)
         self._tg: anyio.abc.TaskGroup | None = None
         self.messages_sent = 0
+        self.outputs_sent = 0  # of them, ``Outputs`` (a step's news for one front end)
         self.failure: EngineFailedError | None = None  # the engine's fault, once it happened
         self.failure_told = anyio.Event()  # every front end was sent it
 
@@ -106,6 +107,8 @@ class CoreService:
     async def _send(self, fe: _FrontEnd, msg: m.ToFrontEnd) -> None:
         await self._sock.send_multipart([fe.identity, m.encode(msg)])
         self.messages_sent += 1
+        if isinstance(msg, m.Outputs):
+            self.outputs_sent += 1
 
     # -- coroutines ------------------------------------------------------------------
 

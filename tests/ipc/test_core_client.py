@@ -119,3 +119,100 @@ async def test_every_front_end_learns_of_the_engines_failure_at_once(
             assert not fe.dead.is_set()  # the core is still there: it has only failed
             with pytest.raises(aserve.EngineFailedError):
                 fe.open_stream([1, 5, 9], aserve.SamplingParams(max_tokens=2))
+
+
+async def _through_a_front_end(
+    path: Path, address: str, prompts: list[list[int]], params: list[aserve.SamplingParams], **opts: Any
+) -> tuple[list[list[list[int]]], int, int, int]:
+    """Every prompt at once through a core and one front end: each call's choices' token ids,
+    and the core's ``Outputs`` messages, the engine's steps and the tokens over the run."""
+    async with (
+        aserve.Engine(model=str(path), warmup=False, debug=True, **opts) as engine,
+        CoreService(engine, address).running() as core,
+        EngineClient(address, name="fe-a") as client,
+    ):
+        results: list[Any] = [None] * len(prompts)
+
+        async def one(i: int) -> None:
+            results[i] = await client.complete(prompts[i], params[i])
+
+        engine.reset_stats()
+        sent_before = core.outputs_sent
+        async with anyio.create_task_group() as tg:
+            for i in range(len(prompts)):
+                tg.start_soon(one, i)
+        ids = [[o.token_ids for o in r.outputs] for r in results]
+        tokens = sum(len(t) for choices in ids for t in choices)
+        return ids, core.outputs_sent - sent_before, engine.stats().num_steps, tokens
+
+
+async def test_one_outputs_message_a_step_and_overlap_equals_serial_through_the_core(
+    tiny_llama: tuple[Path, Any], tmp_path: Path
+) -> None:
+    """Through the core and a front end: the core sends that front end at most one ``Outputs``
+    message a step, whatever the number of its requests (never one a token); and overlap on
+    and off give the same tokens (greedy, and seeded sampling with ``n``)."""
+    prompts = [[1, 5 + i, 9, 12 + i] for i in range(8)]
+    params = [
+        aserve.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+        if i % 2
+        else aserve.SamplingParams(max_tokens=16, temperature=0.9, seed=i, n=2, ignore_eos=True)
+        for i in range(8)
+    ]
+    runs = {}
+    for overlap in (True, False):
+        address = f"ipc://{tmp_path}/core-{overlap}"
+        runs[overlap] = await _through_a_front_end(tiny_llama[0], address, prompts, params, overlap=overlap)
+    assert runs[True][0] == runs[False][0]
+    for _ids, outputs_sent, steps, tokens in runs.values():
+        assert tokens == 12 * 16  # 4 greedy calls, 4 calls of two choices
+        assert 0 < outputs_sent <= steps  # one message a step at most, with every request's news
+        assert outputs_sent < tokens // 4  # 12 choices ran together: far fewer messages than tokens
+
+
+async def test_malformed_bytes_cost_the_core_nothing(tiny_llama: tuple[Path, Any], tmp_path: Path) -> None:
+    """Bytes that are no message (or a message of the wrong shape) are logged and dropped: the
+    core goes on serving its front ends."""
+    import zmq
+    import zmq.asyncio
+
+    address = f"ipc://{tmp_path}/core"
+    greedy = aserve.SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    async with (
+        aserve.Engine(model=str(tiny_llama[0]), warmup=False, debug=True) as engine,
+        CoreService(engine, address).running(),
+        EngineClient(address, name="fe-a") as client,
+    ):
+        before = await client.complete([1, 5, 9], greedy)
+        ctx = zmq.asyncio.Context()
+        intruder = ctx.socket(zmq.DEALER)
+        intruder.setsockopt(zmq.IDENTITY, b"intruder")
+        intruder.setsockopt(zmq.LINGER, 0)
+        intruder.connect(address)
+        try:
+            for junk in (b"\x00not msgpack\xff", b"\x92\xa3Add\x01", b""):
+                await intruder.send(junk)
+            with anyio.fail_after(10):  # a hang guard: the core answers the intruder's first bytes
+                await intruder.recv()  # its Welcome: the core read them and is alive
+        finally:
+            intruder.close()
+            ctx.term()
+        with anyio.fail_after(60):  # a hang guard: a core whose receive loop died never answers
+            after = await client.complete([1, 5, 9], greedy)
+        assert after.token_ids == before.token_ids
+        with anyio.fail_after(10):
+            while not engine.ledger().all_free:
+                await anyio.sleep(0.01)
+
+
+def test_default_front_ends_follow_the_cores_and_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``aserve serve`` without ``--api-workers``: none on a CPU (its cores run the model), and
+    with CUDA one front end per two cores beyond two, at least one and at most eight."""
+    import os
+
+    from aserve.ipc.launcher import default_api_workers
+
+    for cores, want in ((2, 1), (4, 1), (8, 3), (16, 7), (18, 8), (64, 8)):
+        monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
+        assert default_api_workers(aserve.EngineConfig(device="cuda")) == want, cores
+        assert default_api_workers(aserve.EngineConfig(device="cpu")) == 0
