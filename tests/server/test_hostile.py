@@ -134,7 +134,9 @@ def test_json_log_is_json_on_every_line(tmp_path: Path, api_workers: str) -> Non
     try:
         srv.wait_ready()
         ok = {"model": MODEL, "prompt": secret, "max_tokens": 1}
-        assert httpx.post(srv.base_url + "/v1/completions", json=ok, headers=AUTH, timeout=60).status_code == 200
+        r = httpx.post(srv.base_url + "/v1/completions", json=ok, headers=AUTH, timeout=60)
+        assert r.status_code == 200
+        rid = r.headers["x-request-id"]
         bad = f'{{"model": "{MODEL}", "prompt": "{secret} \\ud800"}}'.encode()
         assert httpx.post(srv.base_url + "/v1/completions", content=bad, headers=AUTH).status_code == 400
         assert httpx.post(srv.base_url + "/v1/completions", content=b"{", headers=AUTH).status_code == 400
@@ -152,3 +154,8 @@ def test_json_log_is_json_on_every_line(tmp_path: Path, api_workers: str) -> Non
         assert isinstance(event, dict) and "event" in event, line
         assert event.get("exc_info") is None, line  # a traceback comes formatted, as "exception"
     assert secret not in "\n".join(lines)
+    # The request's id end to end: the front end's access line and the core's request_end.
+    events = [json.loads(line) for line in lines]
+    assert [e["status"] for e in events if e["event"] == "request" and e.get("request_id") == rid] == [200]
+    ends = [e for e in events if e["event"] == "request_end" and rid in e["rid"]]
+    assert len(ends) == 1 and ends[0]["output_tokens"] == 1, ends

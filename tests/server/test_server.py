@@ -107,6 +107,60 @@ async def test_100_concurrent_streams(server: ServerProcess) -> None:
         assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
+async def test_300_streams_at_once_from_one_client_twice_on_its_connections(server: ServerProcess) -> None:
+    """Issue 14's dropped-stream suspects, in one client: 300 streams opened at once (more than
+    Hypercorn's default listen backlog of 100, and more than the server runs at once: the rest
+    queue), then 300 more over the same kept-alive connections. Every stream ends whole."""
+    limits = httpx.Limits(max_connections=300, max_keepalive_connections=300)
+    async with httpx.AsyncClient(base_url=server.base_url, timeout=300, limits=limits) as http:
+        for wave in range(2):
+            results = await asyncio.gather(*(_stream(http, _body(2, seed=i, temperature=1.0)) for i in range(300)))
+            for events, done in results:
+                assert done, f"wave {wave}: a stream ended without [DONE]"
+                assert events[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_streamed_stop_string_equals_non_streamed(client: openai.OpenAI) -> None:
+    """A stop string taken from the middle of the greedy text ends both forms at the same
+    character, cut from the text (the stream never shows a character of it)."""
+    kw: dict[str, Any] = {"model": MODEL, "prompt": "The capital of France is", "temperature": 0}
+    free = client.completions.create(**kw, max_tokens=24, extra_body={"ignore_eos": True}).choices[0].text
+    stop = free[len(free) // 2 : len(free) // 2 + 3]
+    assert len(stop) == 3 and stop.strip(), free
+    want = free[: free.index(stop)]
+    full = client.completions.create(**kw, max_tokens=24, stop=[stop], extra_body={"ignore_eos": True})
+    assert full.choices[0].text == want and full.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(**kw, max_tokens=24, stop=[stop], stream=True,
+                                            extra_body={"ignore_eos": True}))  # fmt: skip
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+
+
+async def test_a_full_queue_answers_429_and_the_rest_are_served(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """With room for one running and one waiting request, six at once: the engine (the core,
+    with front ends) refuses what does not fit with a 429 and an OpenAI-style body; the ones
+    it took finish whole, and nothing is left behind."""
+    for workers in ("0", "2"):
+        with running_server("--max-running-requests", "1", "--max-waiting-requests", "1", "--api-workers", workers,
+                            log_dir=tmp_path_factory.mktemp(f"queue{workers}")) as srv:  # fmt: skip
+            async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as http:
+
+                async def one(i: int) -> tuple[int, dict[str, Any]]:
+                    body = {"model": MODEL, "prompt": "Hello", "max_tokens": 24, "ignore_eos": True, "seed": i}
+                    r = await http.post("/v1/completions", json=body, headers=AUTH)
+                    return r.status_code, r.json()
+
+                answers = await asyncio.gather(*(one(i) for i in range(6)))
+                codes = sorted(code for code, _ in answers)
+                assert set(codes) == {200, 429} and codes.count(200) >= 2, (workers, codes)
+                for code, body in answers:
+                    if code == 429:
+                        assert body["error"]["code"] == 429 and body["error"]["message"], body
+                    else:
+                        assert body["usage"]["completion_tokens"] == 24
+                await _wait_idle(http)
+
+
 async def _wait_idle(http: httpx.AsyncClient, timeout_s: float = 120.0) -> str:
     """The /metrics text once the engine is idle: nothing running or waiting, no KV in use.
 
