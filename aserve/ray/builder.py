@@ -39,5 +39,5 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         ray_options_from_args(a),
         api_key=a.api_key or os.environ.get(API_KEY_ENV) or None,
         served_model_name=a.served_model_name or config.model,
-        body=BodyLimits(a.max_body_bytes, a.body_timeout, a.sse_keepalive),
+        body=BodyLimits(a.max_body_bytes, a.body_timeout, a.sse_keepalive, a.keep_alive_timeout),
     )

@@ -35,6 +35,9 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--sse-keepalive", type=_positive_seconds, default=BodyLimits.sse_keepalive_s,
                    help="seconds an SSE stream may stay silent before a ': keep-alive' comment line "
                    "(default: %(default)s)")  # fmt: skip
+    p.add_argument("--keep-alive-timeout", type=_positive_seconds, default=BodyLimits.idle_connection_s,
+                   help="seconds a kept-alive connection may wait for its next request; keep it above "
+                   "your clients' own keep-alive expiry (default: %(default)s)")  # fmt: skip
     p.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -68,7 +71,7 @@ def run_serve(args: argparse.Namespace) -> int:
     config = engine_config_from_args(args)
     # An empty key would accept an empty token, so treat it as "no key given".
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    body = BodyLimits(args.max_body_bytes, args.body_timeout, args.sse_keepalive)
+    body = BodyLimits(args.max_body_bytes, args.body_timeout, args.sse_keepalive, args.keep_alive_timeout)
     if args.ray:
         from aserve.ray.command import run_serve_on_ray
 

@@ -13,11 +13,19 @@ class BodyLimits:
 
     ``sse_keepalive_s`` rides along (it travels to every front end the same way): the
     longest an SSE stream stays silent before a ``: keep-alive`` comment line, so proxies
-    with an idle timeout do not cut a stream that waits in the queue or between tokens."""
+    with an idle timeout do not cut a stream that waits in the queue or between tokens.
+
+    So does ``idle_connection_s``: how long a kept-alive connection may wait for its next
+    request before the server closes it. It must outlast the clients' own expiry (httpx's,
+    so the openai client's, is 5 s; aiohttp's 15 s): a server that closes first races the
+    client's next request on that connection, and the client meets a ``ReadError`` with
+    nothing in the server's log (Hypercorn's 5 s did, under load: issue 14's dropped stream).
+    75 s is nginx's default."""
 
     max_bytes: int = 1 << 20
     timeout_s: float = 30.0
     sse_keepalive_s: float = 5.0
+    idle_connection_s: float = 75.0
 
 
 DEFAULT_BODY_LIMITS = BodyLimits()

@@ -22,13 +22,14 @@ from aserve.server.limits import DEFAULT_BODY_LIMITS, BodyLimits
 log = get_logger("aserve.server")
 
 
-def hypercorn_config(host: str, port: int) -> Any:
+def hypercorn_config(host: str, port: int, body: BodyLimits = DEFAULT_BODY_LIMITS) -> Any:
     """Hypercorn's config for ``host:port``, the same in one process and for the front ends."""
     from hypercorn.config import Config
 
     hc = Config()
     hc.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     hc.backlog = 2048  # Hypercorn's 100 is short of 256 clients connecting at once (uvicorn's is 2048)
+    hc.keep_alive_timeout = body.idle_connection_s  # longer than clients keep theirs: see BodyLimits
     hc.accesslog = None  # the app logs each request with its id
     # A Logger, not "-": Hypercorn then adds no plain-text handler of its own, and its records
     # reach the root logger's handler from configure_logging (JSON lines with --log-format json).
@@ -61,7 +62,7 @@ async def serve(
 
     app = create_app(config, api_key=api_key, served_model_name=served_model_name, body=body,
                      core_address=core_address)  # fmt: skip
-    hc = hypercorn_config(host, port)
+    hc = hypercorn_config(host, port, body)
     # Our own drain has already ended every request by the time Hypercorn waits on connections.
     hc.graceful_timeout = 5.0
 

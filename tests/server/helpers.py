@@ -130,3 +130,32 @@ async def stream_completion(http: Any, body: dict[str, Any], started: Any) -> tu
             raw += chunk
             started.set()
     return parse_sse(raw)
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(c) for c in text.split()]
+
+
+def front_ends(pid: int) -> list[int]:
+    """The front-end processes (the spawn start method adds a resource tracker: not one)."""
+    out = []
+    for c in children(pid):
+        try:
+            cmd = Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")
+        except FileNotFoundError:
+            continue
+        if "resource_tracker" not in cmd:
+            out.append(c)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.split(") ", 1)[1][0] != "Z"

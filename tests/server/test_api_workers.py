@@ -18,38 +18,9 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.helpers import AUTH, MODEL, ServerProcess, metric, parse_sse
+from tests.server.helpers import AUTH, MODEL, ServerProcess, alive, front_ends, metric, parse_sse
 
 pytestmark = pytest.mark.slow
-
-
-def children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except FileNotFoundError:
-        return []
-    return [int(c) for c in text.split()]
-
-
-def front_ends(pid: int) -> list[int]:
-    """The front-end processes (the spawn start method adds a resource tracker: not one)."""
-    out = []
-    for c in children(pid):
-        try:
-            cmd = Path(f"/proc/{c}/cmdline").read_bytes().decode(errors="replace")
-        except FileNotFoundError:
-            continue
-        if "resource_tracker" not in cmd:
-            out.append(c)
-    return out
-
-
-def alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.split(") ", 1)[1][0] != "Z"
 
 
 async def _stream(base_url: str, max_tokens: int, served_by: asyncio.Queue[str] | None = None) -> tuple[str, Any]:

@@ -120,6 +120,32 @@ async def test_300_streams_at_once_from_one_client_twice_on_its_connections(serv
                 assert events[-1]["choices"][0]["finish_reason"] == "length"
 
 
+def test_an_idle_kept_alive_connection_outlasts_the_clients_expiry(server: ServerProcess) -> None:
+    """A connection idle for 6 s still carries the next request: the server keeps idle
+    connections longer than clients keep theirs (httpx's 5 s), so it never closes one just as
+    a client sends on it (the race behind issue 14's dropped streams; Hypercorn's own 5 s
+    closed this connection)."""
+    import socket
+    import time
+
+    request = f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{server.port}\r\n\r\n".encode()
+
+    def answer(sock: socket.socket) -> bytes:
+        data = b""
+        while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            assert chunk, f"the server closed the connection; got {data!r}"
+            data += chunk
+        return data
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(request)
+        assert answer(sock).startswith(b"HTTP/1.1 200")
+        time.sleep(6.0)
+        sock.sendall(request)
+        assert answer(sock).startswith(b"HTTP/1.1 200")
+
+
 def test_streamed_stop_string_equals_non_streamed(client: openai.OpenAI) -> None:
     """A stop string taken from the middle of the greedy text ends both forms at the same
     character, cut from the text (the stream never shows a character of it)."""

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.server.helpers import AUTH, MODEL, ServerProcess, stream_completion
+from tests.server.helpers import AUTH, MODEL, ServerProcess, alive, front_ends, stream_completion
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +35,8 @@ async def test_sigterm_drains_streams(tmp_path: Path, api_workers: str) -> None:
     try:
         srv.wait_ready()
         assert srv.saw_loading, "/health should answer 503 while the model loads"
+        fes = front_ends(srv.proc.pid)
+        assert len(fes) == int(api_workers), fes
         async with httpx.AsyncClient(base_url=srv.base_url, timeout=120) as http:
             # More sequences than the waiting queue holds: 429 with Retry-After.
             body = {"model": MODEL, "prompt": "hi", "n": 33, "max_tokens": 1}
@@ -66,5 +68,6 @@ async def test_sigterm_drains_streams(tmp_path: Path, api_workers: str) -> None:
         assert completed >= 10 and aborted >= 1, (completed, aborted)
         assert srv.proc.wait(30) == 0, srv.log_tail()
         assert "shutdown_complete" in srv.log_tail()
+        assert not [p for p in fes if alive(p)], "a front end outlived the server"
     finally:
         srv.stop()
