@@ -20,12 +20,12 @@ AUTH = {"Authorization": f"Bearer {API_KEY}"}
 SMALL = ["--input-len", "8", "--output-len", "4", "--no-progress", "--slo", "ttft=5,tpot=1"]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "api-workers-2"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     # A served name that is not the model's: loadgen runs without --model must ask /v1/models.
-    proc = ServerProcess(
-        "--served-model-name", SERVED, log_path=tmp_path_factory.mktemp("loadgen_server") / "server.log"
-    )
+    # Both server shapes: loadgen reads the same counters from a core behind front ends.
+    proc = ServerProcess("--served-model-name", SERVED, "--api-workers", request.param,
+                         log_path=tmp_path_factory.mktemp("loadgen_server") / "server.log")  # fmt: skip
     try:
         proc.wait_ready()
         yield proc

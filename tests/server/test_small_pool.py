@@ -17,9 +17,12 @@ BYTES_PER_TOKEN = 18 * 256 * 2 * 4
 POOL_TOKENS = 960
 
 
-@pytest.fixture(scope="module")
-def small_pool_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server("--kv-cache-bytes", str(POOL_TOKENS * BYTES_PER_TOKEN),
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "api-workers-2"])
+def small_pool_server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServerProcess]:
+    """Both shapes: with front ends, they learn the pool's size from the core."""
+    with running_server("--kv-cache-bytes", str(POOL_TOKENS * BYTES_PER_TOKEN), "--api-workers", request.param,
                         log_dir=tmp_path_factory.mktemp("srv")) as srv:  # fmt: skip
         yield srv
 

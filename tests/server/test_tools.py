@@ -92,9 +92,11 @@ def test_required_and_named_choices_constrain_the_output_to_a_call() -> None:
 # -- through the server ------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    with running_server(log_dir=tmp_path_factory.mktemp("srv")) as srv:
+@pytest.fixture(scope="module", params=["0", "2"], ids=["one-process", "api-workers-2"])
+def server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """Both shapes: with front ends, the template, the grammar and the parsing of calls run
+    in the front end and the constrained decoding in the core."""
+    with running_server("--api-workers", request.param, log_dir=tmp_path_factory.mktemp("srv")) as srv:
         yield srv
 
 
