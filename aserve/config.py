@@ -126,6 +126,8 @@ class EngineConfig:
             raise InvalidRequestError("watchdog_timeout must be >= 0 (0 disables it)", param="watchdog_timeout")
         if self.stream_interval < 1:
             raise InvalidRequestError("stream_interval must be >= 1", param="stream_interval")
+        if self.max_waiting_requests < 1:  # 0 would refuse every request
+            raise InvalidRequestError("max_waiting_requests must be >= 1", param="max_waiting_requests")
         if (self.max_num_batched_tokens is not None and self.max_num_batched_tokens < 1) or (
             self.max_running_requests is not None and self.max_running_requests < 1
         ):

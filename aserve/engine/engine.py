@@ -176,11 +176,16 @@ class Engine:
         prompt = [bos if bos is not None else 0] * 4
         sampled = SamplingParams(max_tokens=2, temperature=0.8, top_k=40, top_p=0.9, min_p=0.01, seed=0,
                                  repetition_penalty=1.1, logprobs=1)  # fmt: skip
+        greedy = SamplingParams(max_tokens=2, temperature=0)
         try:
             with phase("warming up"):
-                async with anyio.create_task_group() as tg:
-                    tg.start_soon(self.complete, prompt, SamplingParams(max_tokens=2, temperature=0))
-                    tg.start_soon(self.complete, prompt, sampled)
+                if self.config.max_waiting_requests < 2:  # the second would be refused (429)
+                    await self.complete(prompt, greedy)
+                    await self.complete(prompt, sampled)
+                else:
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(self.complete, prompt, greedy)
+                        tg.start_soon(self.complete, prompt, sampled)
         except BaseExceptionGroup as group:
             # Both requests meet the same fault (the engine failed): report it once, plainly.
             first = group.exceptions[0]

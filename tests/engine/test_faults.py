@@ -373,6 +373,19 @@ def test_watchdog_timeout_defaults_to_300_s_and_0_turns_it_off() -> None:
         aserve.EngineConfig(watchdog_timeout=-1)
 
 
+def test_a_waiting_queue_of_one_starts_warm_and_refuses_zero(tiny_llama: tuple[Path, Any]) -> None:
+    """``max_waiting_requests=1``: the warm-up's two requests go one after the other (together,
+    the second was refused and the engine failed to start); 0 would refuse every request."""
+    with pytest.raises(aserve.InvalidRequestError, match="max_waiting_requests"):
+        aserve.EngineConfig(max_waiting_requests=0)
+
+    async def run() -> list[int]:
+        async with aserve.Engine(model=str(tiny_llama[0]), warmup=True, max_waiting_requests=1) as engine:
+            return (await engine.complete([1, 5, 9], aserve.SamplingParams(max_tokens=3, temperature=0))).token_ids
+
+    assert len(anyio.run(run)) == 3
+
+
 # -- 4. a consumer that never reads its stream ------------------------------------------------
 
 
