@@ -194,6 +194,16 @@ class Engine:
             raise
         self._recorder.stats.reset()
 
+    async def prepare_structured_outputs(self) -> None:
+        """Build the grammar engine's tokenizer on a worker thread now, not on this engine's
+        loop at the first structured request (seconds on a loaded CPU, during which every
+        stream stalls and the front ends of ``aserve serve --api-workers`` hear no heartbeat).
+        ``aserve serve`` calls it before it says it is ready."""
+        grammars = self._admission.grammars
+        if grammars is not None:
+            with phase("preparing structured outputs"):
+                await anyio.to_thread.run_sync(grammars.prepare)
+
     async def aclose(self) -> None:
         """Stop the scheduler; unfinished requests end with ``finish_reason == "abort"``.
 

@@ -48,7 +48,9 @@ from aserve.tokenizer.tokenizer import Tokenizer
 log = get_logger("aserve.front_end")
 
 HEARTBEAT_S = 1.0
-CORE_TIMEOUT_S = 3.0
+# The core's death is known at once (the socket's disconnect event); a core this long silent
+# is taken for hung. A core whose loop is held up by seconds of synchronous work is not.
+CORE_TIMEOUT_S = 15.0
 
 
 def error_from(name: str, message: str, param: str | None = None) -> AserveError:
@@ -329,8 +331,12 @@ class EngineClient:
     async def _heartbeat_loop(self) -> None:
         while True:
             self._post(m.Hello(ready=self._admission is not None))
+            slept = time.monotonic()
             await anyio.sleep(HEARTBEAT_S)
-            if self._status is not None and time.monotonic() - self._last_status > CORE_TIMEOUT_S:
+            # Woken late, this loop was held up: the core's heartbeats may be waiting unread
+            # behind it, so its silence is judged only after a beat on time.
+            on_time = time.monotonic() - slept < 2 * HEARTBEAT_S
+            if on_time and self._status is not None and time.monotonic() - self._last_status > CORE_TIMEOUT_S:
                 self._core_gone(f"no heartbeat from the engine core for {CORE_TIMEOUT_S:.0f} s")
                 return
 

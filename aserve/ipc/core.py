@@ -32,7 +32,10 @@ from aserve.sync import Signal
 log = get_logger("aserve.core")
 
 STATUS_INTERVAL_S = 0.25
-FRONT_END_TIMEOUT_S = 5.0  # a front end silent this long is gone: its requests are aborted
+# A front end silent this long is gone: its requests are aborted. A dead front end is known at
+# once (the launcher sees its process end); this is for one that hangs, so it leaves room for a
+# loop held up by seconds of synchronous work (a first grammar on a loaded machine took 3 s).
+FRONT_END_TIMEOUT_S = 15.0
 
 
 class _FrontEnd:
@@ -174,11 +177,17 @@ class CoreService:
                 await anyio.lowlevel.checkpoint()
 
     async def _status_loop(self) -> None:
+        last_beat = time.monotonic()
         while True:
             now = time.monotonic()
+            # A beat that comes late means this loop was held up (a long synchronous stretch):
+            # the front ends' messages wait unread behind it, so their silence proves nothing
+            # until the receive loop has had its turn. Judge them at the next beat.
+            judge = now - last_beat < 4 * STATUS_INTERVAL_S
+            last_beat = now
             status = None  # one snapshot a beat for every front end: the stats walk the engine
             for fe in list(self.front_ends.values()):
-                if now - fe.last_seen > FRONT_END_TIMEOUT_S:
+                if judge and now - fe.last_seen > FRONT_END_TIMEOUT_S:
                     self.drop(fe.identity)
                     continue
                 if status is None:

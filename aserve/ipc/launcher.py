@@ -21,15 +21,20 @@ import shutil
 import signal
 import sys
 import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from aserve.config import EngineConfig
 from aserve.logs import configure_logging, get_logger
 from aserve.server.limits import BodyLimits
+
+if TYPE_CHECKING:
+    from aserve.engine import Engine
 
 log = get_logger("aserve.launcher")
 
@@ -92,7 +97,6 @@ async def serve_with_front_ends(
 ) -> int:
     """The engine core here, ``workers`` front ends in their own processes, all on the same
     listening ``sockets`` (bound here when not given)."""
-    from aserve.engine import Engine
     from aserve.ipc.core import CoreService
     from aserve.server.serve import hypercorn_config
 
@@ -124,7 +128,7 @@ async def serve_with_front_ends(
             spawn(i)
         log.info("serving", host=host, port=port, model=served_model_name, api_workers=workers,
                  auth=api_key is not None)  # fmt: skip
-        async with Engine(config) as engine, CoreService(engine, spec.core_address, workers).running() as core:
+        async with _serving_engine(config) as engine, CoreService(engine, spec.core_address, workers).running() as core:
             log.info("core_ready", address=spec.core_address)
             while not signalled.is_set() and engine.failure is None:
                 with anyio.move_on_after(0.2):
@@ -164,6 +168,17 @@ async def serve_with_front_ends(
     if code == 0:
         log.info("shutdown_complete")
     return code
+
+
+@asynccontextmanager
+async def _serving_engine(config: EngineConfig) -> AsyncIterator[Engine]:
+    """The core's engine, started, with its grammar tokenizer built off its loop (as the
+    one-process server does) before the front ends are served."""
+    from aserve.engine import Engine
+
+    async with Engine(config) as engine:
+        await engine.prepare_structured_outputs()
+        yield engine
 
 
 async def _stop_front_ends(procs: dict[int, BaseProcess], timeout_s: float) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import signal
 import sys
 import threading
@@ -78,7 +79,9 @@ def run_serve_on_ray(
     for sig in (signal.SIGTERM, signal.SIGINT):  # after ray.init, which installs its own
         signal.signal(sig, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": args.host, "port": args.port})
+        # Ray's proxy keeps idle connections for the same reason as Hypercorn does (BodyLimits).
+        serve.start(http_options={"host": args.host, "port": args.port,
+                                  "keep_alive_timeout_s": math.ceil(body.idle_connection_s)})  # fmt: skip
         serve.run(app, name=APP_NAME, route_prefix="/")
         print(f"serving {served_model_name} on http://{args.host}:{args.port} with Ray Serve "
               f"({_replicas_text(args)}, routing: {args.routing})", file=sys.stderr)  # fmt: skip

@@ -154,10 +154,17 @@ class Grammars:
             eos_token=eos or [0],
         )
 
-    def _ll(self) -> Any:
+    def prepare(self) -> None:
+        """Build llguidance's tokenizer now (a failure is kept for the requests that need it):
+        ~1 s over a 262k vocabulary on this project's VM, several on a loaded one. Called on a
+        worker thread by a server before it says it is ready; otherwise the first structured
+        request builds it, on the loop that plans and commits."""
         with self._lock:
             if self._ll_tokenizer is None and self._error is None:
                 self._build()
+
+    def _ll(self) -> Any:
+        self.prepare()
         if self._error is not None:
             raise InvalidRequestError(
                 f"structured outputs are unavailable: {self._error}", param="structured_outputs"

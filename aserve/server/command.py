@@ -36,8 +36,8 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
                    help="seconds an SSE stream may stay silent before a ': keep-alive' comment line "
                    "(default: %(default)s)")  # fmt: skip
     p.add_argument("--keep-alive-timeout", type=_positive_seconds, default=BodyLimits.idle_connection_s,
-                   help="seconds a kept-alive connection may wait for its next request; keep it above "
-                   "your clients' own keep-alive expiry (default: %(default)s)")  # fmt: skip
+                   help="seconds a connection may wait for its next request's headers (kept-alive or "
+                   "new); keep it above your clients' own keep-alive expiry (default: %(default)s)")  # fmt: skip
     p.add_argument(
         "--shutdown-timeout",
         type=float,

@@ -16,7 +16,8 @@ class BodyLimits:
     with an idle timeout do not cut a stream that waits in the queue or between tokens.
 
     So does ``idle_connection_s``: how long a kept-alive connection may wait for its next
-    request before the server closes it. It must outlast the clients' own expiry (httpx's,
+    request before the server closes it (Hypercorn also counts a new connection idle until
+    its request's headers are complete: the same bound holds a client that sends nothing). It must outlast the clients' own expiry (httpx's,
     so the openai client's, is 5 s; aiohttp's 15 s): a server that closes first races the
     client's next request on that connection, and the client meets a ``ReadError`` with
     nothing in the server's log (Hypercorn's 5 s did, under load: issue 14's dropped stream).

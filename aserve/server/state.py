@@ -102,6 +102,7 @@ class ServerState:
             else:
                 async with Engine(self.settings.config) as engine, anyio.create_task_group() as tg:
                     tg.start_soon(self._watch_engine, engine, name="aserve.server.engine_watch")
+                    await engine.prepare_structured_outputs()
                     await self._serve_with(engine)
                     tg.cancel_scope.cancel()
         except Exception as exc:

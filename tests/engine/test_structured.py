@@ -340,3 +340,21 @@ async def test_constrained_greedy_rows_on_the_decode_graph_path_match_the_sample
                 assert (eng.runner.split_steps > 0) == overlap
             assert await _settled(eng)
     assert results[False, False] == results[True, True] == results[False, True]
+
+
+async def test_the_grammar_tokenizer_is_built_off_the_loop_before_serving(tiny_llama: tuple[Any, Any]) -> None:
+    """``prepare_structured_outputs`` (what ``aserve serve`` awaits before it says ready) builds
+    llguidance's tokenizer on a worker thread; the first structured request then builds
+    nothing on the loop, and gets the same output as an engine that built it there."""
+    pattern = r"[0-9]{3}-[a-z]{2,6}\."
+    jobs = [("request:", _params(StructuredOutputs(regex=pattern), seed=1, temperature=0))]
+    outs = []
+    for prepare in (True, False):
+        async with aserve.Engine(model=str(tiny_llama[0]), max_context=128, kv_cache_bytes=2**26) as eng:
+            grammars = eng._admission.grammars
+            assert grammars is not None and grammars._ll_tokenizer is None  # lazy until asked
+            if prepare:
+                await eng.prepare_structured_outputs()
+                assert grammars._ll_tokenizer is not None
+            outs.append([o.text for o in await _run_all(eng, jobs)])
+    assert outs[0] == outs[1] and re.fullmatch(pattern, outs[0][0])

@@ -216,3 +216,40 @@ def test_default_front_ends_follow_the_cores_and_the_device(monkeypatch: pytest.
         monkeypatch.setattr(os, "cpu_count", lambda cores=cores: cores)
         assert default_api_workers(aserve.EngineConfig(device="cuda")) == want, cores
         assert default_api_workers(aserve.EngineConfig(device="cpu")) == 0
+
+
+async def test_a_loop_held_up_longer_than_the_timeouts_drops_nobody(
+    tiny_llama: tuple[Path, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seconds of synchronous work on the loop (a first grammar on a loaded machine took 3 s)
+    leave the other side's messages unread, not missing: the core keeps the front end and its
+    request, and the front end keeps the core. (Core and front end share this test's loop,
+    so both are held up; each judges silence only after a beat of its own on time.)"""
+    import time
+
+    from aserve.ipc import client as client_module
+    from aserve.ipc import core as core_module
+
+    monkeypatch.setattr(core_module, "FRONT_END_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(client_module, "CORE_TIMEOUT_S", 0.8)
+    monkeypatch.setattr(client_module, "HEARTBEAT_S", 0.1)
+    address = f"ipc://{tmp_path}/core"
+    params = aserve.SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    async with (
+        aserve.Engine(model=str(tiny_llama[0]), warmup=False, debug=True) as engine,
+        CoreService(engine, address).running() as core,
+        EngineClient(address, name="fe-a") as client,
+    ):
+        with anyio.fail_after(30):  # a hang guard
+            await client.service_ready.wait()
+        stream = client.open_stream([1, 5, 9], params)
+        await stream.admitted()
+        ids: list[int] = []
+        held = False
+        async for delta in stream:
+            ids += delta.token_ids
+            if len(ids) >= 5 and not held:
+                held = True
+                time.sleep(2.0)  # noqa: ASYNC251 - the point: the whole loop held up, longer than both timeouts
+        assert len(ids) == 40
+        assert b"fe-a" in core.front_ends and not client.dead.is_set()
