@@ -17,16 +17,20 @@ class BodyLimits:
 
     So does ``idle_connection_s``: how long a kept-alive connection may wait for its next
     request before the server closes it (Hypercorn also counts a new connection idle until
-    its request's headers are complete: the same bound holds a client that sends nothing). It must outlast the clients' own expiry (httpx's,
-    so the openai client's, is 5 s; aiohttp's 15 s): a server that closes first races the
-    client's next request on that connection, and the client meets a ``ReadError`` with
-    nothing in the server's log (Hypercorn's 5 s did, under load: issue 14's dropped stream).
-    75 s is nginx's default."""
+    its request's headers are complete: the same bound holds a client that sends nothing).
+    It must outlast the clients' own expiry (httpx's, so the openai client's, is 5 s;
+    aiohttp's 15 s): a server that closes first races the client's next request on that
+    connection, and the client meets a ``ReadError`` with nothing in the server's log
+    (Hypercorn's 5 s did, under load: issue 14's dropped stream).
+    20 s outlasts both. It is not longer because Hypercorn (0.18) holds a connection the
+    client has closed until this timer ends: the connection's task group waits on its idle
+    task, so each closed connection keeps a socket in CLOSE-WAIT for up to this long (75 s kept
+    a soak's closed connections open past its 30 s settle)."""
 
     max_bytes: int = 1 << 20
     timeout_s: float = 30.0
     sse_keepalive_s: float = 5.0
-    idle_connection_s: float = 75.0
+    idle_connection_s: float = 20.0
 
 
 DEFAULT_BODY_LIMITS = BodyLimits()
