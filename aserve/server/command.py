@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from collections.abc import Sequence
@@ -64,9 +65,27 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def raise_open_files_limit(target: int = 65536) -> tuple[int, int]:
+    """Raise this process's soft limit on open files toward ``target`` (never above the hard
+    limit; never lowered), as vLLM's server does: every stream is a socket, and a socket the
+    client closed stays open until its keep-alive timer ends (``BodyLimits``), so a default
+    soft limit of 1024 meets EMFILE under a few hundred connections a second. Front ends
+    inherit it. Returns the (soft, hard) limits now."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target if hard == resource.RLIM_INFINITY else min(target, hard)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):  # a sandbox may refuse: the server still runs
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     """Handler of ``aserve serve``: blocks until shut down; 0 after a clean drain."""
     from aserve.server.serve import hypercorn_config, serve
+
+    raise_open_files_limit()
 
     config = engine_config_from_args(args)
     # An empty key would accept an empty token, so treat it as "no key given".
