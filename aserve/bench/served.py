@@ -273,15 +273,13 @@ def main() -> int:
     s = _loadgen([*eng_args, *work_args, "--rate", "inf", "--max-concurrency", str(conc)], runs, "in_process", env)
     rows.append(_row("in-process engine", s))
     save()
-    for workers in [w.strip() for w in a.api_workers.split(",") if w.strip()]:
-        # What a user gets without the flag: aserve.ipc.launcher.default_api_workers's choice.
-        flag = [] if workers == "default" else ["--api-workers", workers]
-        if workers == "default":
+    for tag in [w.strip() for w in a.api_workers.split(",") if w.strip()]:
+        flag, workers = ["--api-workers", tag], tag
+        if tag == "default":  # what a user gets without the flag: default_api_workers's choice
             from aserve.config import EngineConfig
             from aserve.ipc.launcher import default_api_workers
 
-            workers = f"default ({default_api_workers(EngineConfig(model=str(path), device=a.device))})"
-        tag = workers.split(" ")[0]
+            flag, workers = [], f"default ({default_api_workers(EngineConfig(model=str(path), device=a.device))})"
         port = _port()
         base = f"http://127.0.0.1:{port}"
         cmd = [sys.executable, "-m", "aserve", "serve", "--model", str(path), "--port", str(port),

@@ -21,11 +21,11 @@ class BodyLimits:
     It must outlast the clients' own expiry (httpx's, so the openai client's, is 5 s;
     aiohttp's 15 s): a server that closes first races the client's next request on that
     connection, and the client meets a ``ReadError`` with nothing in the server's log
-    (Hypercorn's 5 s did, under load: issue 14's dropped stream).
-    20 s outlasts both. It is not longer because Hypercorn (0.18) holds a connection the
-    client has closed until this timer ends: the connection's task group waits on its idle
-    task, so each closed connection keeps a socket in CLOSE-WAIT for up to this long (75 s kept
-    a soak's closed connections open past its 30 s settle)."""
+    (Hypercorn's 5 s did, under load: issue 14's dropped stream). 20 s outlasts both. It is
+    not longer because Hypercorn (0.18) holds a connection the client has closed until this
+    timer ends (the connection's task group waits on its idle task), so each closed connection
+    keeps a socket in CLOSE-WAIT for up to this long: 75 s kept a soak's closed connections
+    open past its 30 s settle."""
 
     max_bytes: int = 1 << 20
     timeout_s: float = 30.0
