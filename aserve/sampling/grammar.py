@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from aserve.errors import InvalidRequestError
 from aserve.logs import get_logger
-from aserve.sampling.masks import MASK_FILLER, GrammarState, MaskCache, MaskFiller
+from aserve.sampling.masks import GrammarState, MaskCache, MaskFiller
 from aserve.sampling_params import StructuredOutputs
 
 if TYPE_CHECKING:
@@ -64,10 +64,10 @@ class Grammars:
     ) -> None:
         """``native_tokens``: give llguidance the C tokenizer table when the extension is built
         (None: unless ``ASERVE_GRAMMAR_TOKENS=python``; False: always the Python callback).
-        ``filler``: how the requests' masks are filled (:data:`MASK_FILLER` unless given; an
-        engine passes :meth:`MaskFiller.for_device`)."""
+        ``filler``: how the requests' masks are filled (a :class:`MaskFiller` of its own, from
+        ``ASERVE_MASK_FILL``, unless given; an engine passes :meth:`MaskFiller.for_device`)."""
         self.vocab_size = vocab_size
-        self.filler = MASK_FILLER if filler is None else filler
+        self.filler = MaskFiller() if filler is None else filler
         if native_tokens is None:
             native_tokens = os.environ.get("ASERVE_GRAMMAR_TOKENS", "") != "python"
         self.native_tokens = native_tokens

@@ -61,7 +61,7 @@ class GrammarState:
         # The C table the matcher's tokenizer calls (kept alive with the matcher), if any.
         self.token_table = token_table
         self.shard = shard  # the template the matcher was copied from (Grammars._matcher)
-        self.filler = filler  # what fills its masks (fill_masks; MASK_FILLER if None)
+        self.filler = filler  # what fills its masks (fill_masks; serially if None)
         self.prefix: list[int] | None = [] if cache is not None and key is not None else None
 
     def advance(self, token: int) -> bool:
@@ -163,14 +163,14 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     """[R, words] int32 host bitmasks of the tokens each state allows next (into ``out``, a
     contiguous host tensor of that shape, when given).
 
-    Through the first state's filler (:data:`MASK_FILLER` if it has none). A matcher that is
+    Through the first state's filler (serially if it has none). A matcher that is
     stopped or failed (its request has ended; a split launch may still sample one more token
     for it, which is never committed) allows every token."""
     words = mask_words(states[0].vocab_size)
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
     assert masks.shape == (len(states), words) and masks.is_contiguous()
     filler = states[0].filler
-    (MASK_FILLER if filler is None else filler).fill(states, masks.data_ptr(), words * 4)
+    (MaskFiller("serial") if filler is None else filler).fill(states, masks.data_ptr(), words * 4)
     return masks
 
 
@@ -283,8 +283,6 @@ def default_fill_threads() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(8, cpus // 4) if cpus >= 8 else 1
 
-
-MASK_FILLER = MaskFiller()
 
 
 def allowed_tokens(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:
