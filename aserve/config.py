@@ -113,6 +113,8 @@ class EngineConfig:
                                       param="gguf_prefill")  # fmt: skip
         if self.page_size < 1:
             raise InvalidRequestError("page_size must be >= 1", param="page_size")
+        if self.max_context is not None and self.max_context < 2:  # a prompt token and an output
+            raise InvalidRequestError(f"max_context must be >= 2, got {self.max_context}", param="max_context")
         if not 0.0 < self.mem_fraction <= 1.0:
             raise InvalidRequestError("mem_fraction must be in (0, 1]", param="mem_fraction")
         if self.cuda_graph and self.resolved_attention_backend != "triton":

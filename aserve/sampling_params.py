@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json as _json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -51,8 +51,16 @@ class StructuredOutputs:
             except (TypeError, ValueError) as exc:
                 raise InvalidRequestError(f"json schema is not JSON: {exc}", param="structured_outputs") from exc
             object.__setattr__(self, "json", text)
-        if self.choice is not None and not isinstance(self.choice, tuple):
-            object.__setattr__(self, "choice", tuple(self.choice))
+        if isinstance(self.choice, str):  # one choice, as ``SamplingParams.stop`` takes one string
+            object.__setattr__(self, "choice", (self.choice,))
+        elif self.choice is not None and not isinstance(self.choice, tuple):
+            try:
+                object.__setattr__(self, "choice", tuple(self.choice))
+            except TypeError as exc:
+                raise InvalidRequestError(
+                    f"structured_outputs.choice must be a list of strings, got {self.choice!r}",
+                    param="structured_outputs",
+                ) from exc
         given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
         if self.json_object:
             given.append("json_object")
@@ -129,15 +137,16 @@ class SamplingParams:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         elif not isinstance(self.stop, tuple):
-            object.__setattr__(self, "stop", tuple(self.stop))
+            object.__setattr__(self, "stop", _as_tuple(self.stop, "stop", "a string or a list of strings"))
         if not isinstance(self.stop_token_ids, tuple):
-            object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+            ids = _as_tuple(self.stop_token_ids, "stop_token_ids", "a list of token ids")
+            object.__setattr__(self, "stop_token_ids", ids)
         bias = self.logit_bias
-        if isinstance(bias, Mapping):
-            bias = tuple(bias.items())
-        elif not isinstance(bias, tuple):
-            bias = tuple(bias)
         try:
+            if isinstance(bias, Mapping):
+                bias = tuple(bias.items())
+            elif not isinstance(bias, tuple):
+                bias = tuple(bias)
             pairs = tuple(sorted((tok, val) for tok, val in bias))
         except (TypeError, ValueError) as exc:
             raise InvalidRequestError(
@@ -150,6 +159,11 @@ class SamplingParams:
             except TypeError as exc:
                 raise InvalidRequestError(f"structured_outputs: {exc}", param="structured_outputs") from exc
             object.__setattr__(self, "structured_outputs", so)
+        elif self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputs):
+            raise InvalidRequestError(
+                f"structured_outputs must be a StructuredOutputs or a dict, got {self.structured_outputs!r}",
+                param="structured_outputs",
+            )
         self.validate()
 
     # Cached (the instance is frozen): the planner and the launch path ask per request per step.
@@ -222,6 +236,9 @@ class SamplingParams:
             raise bad("logit_bias", "has a token id more than once")
         if not _is_int(self.n) or not 1 <= self.n <= 64:
             raise bad("n", f"must be an integer in [1, 64], got {self.n!r}")
+        for name in ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, f"must be true or false, got {getattr(self, name)!r}")
 
     @property
     def is_greedy(self) -> bool:
@@ -229,6 +246,20 @@ class SamplingParams:
 
     def with_updates(self, **changes: object) -> SamplingParams:
         return replace(self, **changes)  # type: ignore[arg-type]
+
+
+def _as_tuple(value: Any, param: str, what: str) -> tuple[Any, ...]:
+    """``tuple(value)``, or the typed error for a value that is not a collection."""
+    if isinstance(value, (str, bytes, Mapping)) or not isinstance(value, Iterable):
+        raise InvalidRequestError(f"{param} must be {what}, got {value!r}", param=param)
+    return tuple(value)
+
+
+def choice_seed(seed: int, index: int) -> int:
+    """Choice ``index``'s seed of a request seeded ``seed``: ``seed + index``, wrapped into the
+    signed 64-bit range the sampler's generators take (so a seed near 2**63 with ``n > 1``
+    stays valid rather than overflowing at launch)."""
+    return (seed + index + 2**63) % 2**64 - 2**63
 
 
 def _is_int(x: object) -> bool:

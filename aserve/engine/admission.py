@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from aserve.engine.cell import OutputCell
 from aserve.errors import ContextLengthError, EngineOverloadedError, InvalidRequestError
 from aserve.sampling.grammar import Grammars
 from aserve.sampling.masks import GrammarState
-from aserve.sampling_params import SamplingParams
+from aserve.sampling_params import SamplingParams, choice_seed
 from aserve.scheduler.req import Req
 from aserve.sync import Signal
 from aserve.tokenizer.tokenizer import Tokenizer
@@ -52,6 +52,10 @@ class Admission:
             if not prompt:
                 raise InvalidRequestError("prompt is empty; give at least one character or token", param="prompt")
             return self.tokenizer.encode(prompt, add_special_tokens=True)
+        if isinstance(prompt, (bytes, Mapping)) or not isinstance(prompt, Iterable):
+            raise InvalidRequestError(
+                f"prompt must be a string or a list of token ids, got {type(prompt).__name__}", param="prompt"
+            )
         ids = list(prompt)
         if not ids:
             raise InvalidRequestError("prompt is empty; give at least one token id", param="prompt")
@@ -142,7 +146,7 @@ class Admission:
                 group_id=rid,
                 seed=seeds[i]
                 if seeds is not None
-                else params.seed + i
+                else choice_seed(params.seed, i)
                 if params.seed is not None
                 else self._rng.getrandbits(63),
                 stop_ids=frozenset(stop_ids),

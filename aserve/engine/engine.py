@@ -76,6 +76,7 @@ class Engine:
         self._parts: LoadedEngine | None = None
         self._exit = AsyncExitStack()
         self._closed = False
+        self._started = False  # start() was called: an engine starts once and closes once
         self.requests_finished = 0
         self.requests_aborted = 0
         self.prompt_tokens = 0
@@ -96,7 +97,14 @@ class Engine:
     async def start(self) -> None:
         """Load the model and start the step loop. Prefer ``async with``; a task group must be
         entered and left by the same task, so call ``aclose`` from the task that called this.
-        If starting fails (the warm-up meets a fault, say), what was started is closed first."""
+        If starting fails (the warm-up meets a fault, say), what was started is closed first.
+        An engine starts once: starting it again, or after ``aclose``, raises
+        :class:`EngineClosedError` (create a new ``Engine``)."""
+        if self._closed:
+            raise EngineClosedError("this engine is closed; create a new Engine to start again")
+        if self._started:
+            raise EngineClosedError("this engine was already started; an Engine starts once")
+        self._started = True
         try:
             await self._start()
         except BaseException:
@@ -415,6 +423,11 @@ class Engine:
         self, prompts: Sequence[Prompt], params: SamplingParams, request_id: str | None, *, whole: bool
     ) -> list[Req]:
         self._require()
+        if isinstance(prompts, str):
+            raise InvalidRequestError(
+                "prompts must be a list of prompts; for one prompt string call complete() or open_stream()",
+                param="prompt",
+            )
         if len(prompts) == 1:
             return self.submit(prompts[0], params, request_id, whole=whole)
         if not prompts:
@@ -443,15 +456,18 @@ class Engine:
         return self._loop.watch_steps()
 
     def stats(self) -> EngineStats:
+        self._require_started()
         return self._recorder.engine_stats(
             self.scheduler, self.ledger(), self._loop.slots, self.committer.output_tokens,
             finished=self.requests_finished, aborted=self.requests_aborted, prompt_tokens=self.prompt_tokens,
         )  # fmt: skip
 
     def step_records(self) -> list[StepRecord]:
+        self._require_started()
         return list(self._recorder.stats.records)
 
     def reset_stats(self) -> None:
+        self._require_started()
         self._recorder.stats.reset()
 
     def ledger(self) -> LedgerView:
@@ -466,6 +482,11 @@ class Engine:
         return self.scheduler.prefix.flush() * self.scheduler.pool.page_size
 
     # -- requests ---------------------------------------------------------------
+
+    def _require_started(self) -> None:
+        """Stats stay readable after close; before start there are none."""
+        if not hasattr(self, "_recorder"):
+            raise EngineClosedError("the engine is not started; use `async with Engine(...)`")
 
     def _require(self) -> LoadedEngine:
         if self._parts is None:

@@ -284,7 +284,6 @@ def default_fill_threads() -> int:
     return min(8, cpus // 4) if cpus >= 8 else 1
 
 
-
 def allowed_tokens(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[R, words] int32 bitmasks -> [R, vocab_size] bool (on the masks' device, no sync)."""
     shifts = torch.arange(32, dtype=torch.int32, device=masks.device)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,18 @@ def _prompt(seed: int, n: int = 8) -> list[int]:
         ({"logit_bias": {"5": 1.0}}, "logit_bias"),
         ({"min_tokens": -1}, "min_tokens"),
         ({"min_tokens": 17}, "min_tokens"),
+        # Wrong types get the typed error too, not a TypeError from deep inside.
+        ({"stop": None}, "stop"),
+        ({"stop": 5}, "stop"),
+        ({"stop_token_ids": None}, "stop_token_ids"),
+        ({"stop_token_ids": "12"}, "stop_token_ids"),
+        ({"logit_bias": None}, "logit_bias"),
+        ({"logit_bias": 3}, "logit_bias"),
+        ({"structured_outputs": "json"}, "structured_outputs"),
+        ({"structured_outputs": {"choice": 7}}, "structured_outputs"),
+        ({"ignore_eos": None}, "ignore_eos"),
+        ({"skip_special_tokens": "no"}, "skip_special_tokens"),
+        ({"include_stop_str_in_output": 1}, "include_stop_str_in_output"),
     ],
 )
 def test_bad_sampling_params(kwargs: dict[str, Any], param: str) -> None:
@@ -84,6 +97,11 @@ async def test_bad_prompts_raise_typed_errors_and_do_not_disturb_running(engine:
             await engine.complete([1, 10_000_000], params)
         with pytest.raises(InvalidRequestError):
             await engine.complete("hi", {"max_tokens": 3})  # type: ignore[arg-type]
+        for prompt in (None, 123, b"abc", {"a": 1}):
+            with pytest.raises(InvalidRequestError, match="prompt must be"):
+                await engine.complete(prompt, params)  # type: ignore[arg-type]
+        with pytest.raises(InvalidRequestError, match="list of prompts"):
+            await engine.complete_many("hey", params)
     assert results[0].token_ids == alone.token_ids
 
 
@@ -97,6 +115,36 @@ async def test_unknown_model_and_truncated_gguf(tmp_path: Path, default_gguf: Pa
     with pytest.raises(ModelLoadError):
         async with aserve.Engine(model=str(bad)):
             pass
+
+
+async def test_an_engine_starts_once(tiny_llama: tuple[Path, Any]) -> None:
+    """Starting an engine again, while it runs or after it closed, is refused with a typed
+    error and leaves nothing behind (it used to load a second model and start a second loop)."""
+    eng = aserve.Engine(model=str(tiny_llama[0]), max_context=64, warmup=False)
+    with pytest.raises(aserve.EngineClosedError, match="not started"):
+        eng.stats()
+    threads = {t.name for t in threading.enumerate()}
+    async with eng:
+        with pytest.raises(aserve.EngineClosedError, match="already started"):
+            await eng.start()
+        r = await eng.complete([1, 5, 6], aserve.SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
+        assert len(r.token_ids) == 3
+    assert eng.stats().requests_finished == 1  # stats stay readable after close
+    with pytest.raises(aserve.EngineClosedError, match="closed"):
+        async with eng:
+            pass
+    for _ in range(50):  # the stream threads exit as the engine closes
+        left = {t.name for t in threading.enumerate() if t.is_alive()} - threads
+        if not left:
+            break
+        await anyio.sleep(0.1)
+    assert not left
+
+
+def test_bad_max_context() -> None:
+    for bad in (0, -5, 1):
+        with pytest.raises(InvalidRequestError, match="max_context"):
+            aserve.Engine(max_context=bad)
 
 
 def test_unknown_engine_option() -> None:
@@ -320,6 +368,28 @@ async def test_n_choices(engine: aserve.Engine) -> None:
     deltas = [d async for d in engine.generate(_prompt(6), params)]
     for i in range(3):
         assert [t for d in deltas if d.index == i for t in d.token_ids] == r.outputs[i].token_ids
+
+
+async def test_n_choices_with_a_seed_at_the_top_of_the_range(engine: aserve.Engine) -> None:
+    """Choice i is seeded seed + i, wrapped into the signed 64-bit range: a seed of 2**63 - 1
+    with n = 2 gives its second choice -2**63 (it used to overflow at launch and fail the
+    engine, ending every request in flight)."""
+    top = 2**63 - 1
+    params = aserve.SamplingParams(max_tokens=8, temperature=1.0, seed=top, n=2, ignore_eos=True)
+    other = aserve.SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    async with anyio.create_task_group() as tg:
+        bystander: list[aserve.CompletionResult] = []
+
+        async def run_other() -> None:
+            bystander.append(await engine.complete(_prompt(8), other))
+
+        tg.start_soon(run_other)
+        r = await engine.complete(_prompt(7), params)
+    assert engine.failure is None
+    assert len(bystander[0].token_ids) == 40
+    wrapped = await engine.complete(_prompt(7), params.with_updates(n=1, seed=-(2**63)))
+    assert r.outputs[1].token_ids == wrapped.token_ids
+    assert aserve.sampling_params.choice_seed(5, 2) == 7
 
 
 async def test_logprobs_match_reference(engine: aserve.Engine, tiny_llama: tuple[Path, Any]) -> None:

@@ -128,6 +128,10 @@ async def test_regex_choice_json_object_and_grammar(engine: aserve.Engine) -> No
         if outs[k + 2].finish_reason == "stop":  # greedy JSON may run long; when complete it parses
             assert isinstance(json.loads(outs[k + 2].text), dict)
         assert re.fullmatch(r"The answer is (yes|no)\.", outs[k + 3].text), outs[k + 3].text
+    # One string is one choice (as ``stop`` takes one string), not its characters.
+    assert StructuredOutputs(choice="yes").choice == ("yes",)
+    one = await engine.complete("Pick:", _params(StructuredOutputs(choice="maybe"), 0, temperature=0.0))
+    assert one.text == "maybe"
     assert await _settled(engine)
 
 
