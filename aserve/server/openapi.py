@@ -19,6 +19,7 @@ from aserve.server.responses import (
     CompletionResponse,
     DetokenizeResponse,
     ErrorResponse,
+    ModelCard,
     ModelList,
     TokenizeResponse,
 )
@@ -97,6 +98,16 @@ def openapi_document(title: str, version: str, *, bearer_auth: bool) -> dict[str
                     "responses": {
                         "200": {"description": "ok", "content": {"application/json": {"schema": _ref(ModelList)}}},
                         **_errors(401),
+                    },
+                }
+            },
+            "/v1/models/{model}": {
+                "get": {
+                    "summary": "The served model's card",
+                    "parameters": [{"name": "model", "in": "path", "required": True, "schema": {"type": "string"}}],
+                    "responses": {
+                        "200": {"description": "ok", "content": {"application/json": {"schema": _ref(ModelCard)}}},
+                        **_errors(401, 404),
                     },
                 }
             },

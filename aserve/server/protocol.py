@@ -12,9 +12,10 @@ limits; the models here only check shapes and types.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, ClassVar, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from aserve.errors import InvalidRequestError
 from aserve.sampling_params import SamplingParams, StructuredOutputs
@@ -25,7 +26,8 @@ from aserve.server.tools import ToolUse, tool_use
 DEFAULT_MAX_TOKENS = 256
 
 # `StrictInt` keeps JSON floats and strings out of integer fields: OpenAI rejects
-# `"max_tokens": "5"` too. Floats accept ints, as JSON does not distinguish them.
+# `"max_tokens": "5"` too. `StrictFloat` keeps strings and booleans out of number fields
+# (`"temperature": "0.5"`) and accepts ints, as JSON does not tell 1 from 1.0.
 TokenIds = list[Annotated[StrictInt, Field(ge=0)]]
 
 
@@ -125,20 +127,20 @@ class _SamplingFields(_Strict):
 
     model: str
     max_tokens: StrictInt | None = _documented(minimum=1)
-    n: StrictInt = _documented(1, minimum=1, maximum=64)
+    n: StrictInt | None = _documented(1, minimum=1, maximum=64)  # OpenAI's n is nullable: null is 1
     stop: str | list[str] | None = None
     seed: StrictInt | None = _documented(minimum=-(2**63), maximum=2**63 - 1)
-    temperature: float | None = _documented(minimum=0, maximum=2)
-    top_p: float | None = _documented(exclusiveMinimum=0, maximum=1)
+    temperature: StrictFloat | None = _documented(minimum=0, maximum=2)
+    top_p: StrictFloat | None = _documented(exclusiveMinimum=0, maximum=1)
     top_k: StrictInt | None = _documented(minimum=-1)
-    min_p: float | None = _documented(minimum=0, exclusiveMaximum=1)
-    frequency_penalty: float | None = _documented(minimum=-2, maximum=2)
-    presence_penalty: float | None = _documented(minimum=-2, maximum=2)
-    repetition_penalty: float | None = _documented(exclusiveMinimum=0, maximum=10)
+    min_p: StrictFloat | None = _documented(minimum=0, exclusiveMaximum=1)
+    frequency_penalty: StrictFloat | None = _documented(minimum=-2, maximum=2)
+    presence_penalty: StrictFloat | None = _documented(minimum=-2, maximum=2)
+    repetition_penalty: StrictFloat | None = _documented(exclusiveMinimum=0, maximum=10)
     stream: StrictBool | None = False
     stream_options: StreamOptions | None = None
     ignore_eos: StrictBool | None = False
-    logit_bias: dict[str, float] | None = None  # token id (as a string, as OpenAI sends it) -> bias
+    logit_bias: dict[str, StrictFloat] | None = None  # token id (as a string, as OpenAI sends it) -> bias
     min_tokens: StrictInt | None = _documented(minimum=0)  # vLLM's extension: no stop before this many
     stop_token_ids: TokenIds | None = None  # vLLM's: end on these ids (kept in the output ids)
     include_stop_str_in_output: StrictBool | None = False  # vLLM's: keep the matched stop string
@@ -160,6 +162,9 @@ class _SamplingFields(_Strict):
     def _params(
         self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None
     ) -> SamplingParams:
+        if self.stream_options is not None and not self.stream:
+            # OpenAI and vLLM refuse it: its options only shape a stream.
+            raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
         stop: tuple[str, ...]
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         return SamplingParams(
@@ -175,7 +180,7 @@ class _SamplingFields(_Strict):
             stop=stop,
             ignore_eos=bool(self.ignore_eos),
             logprobs=logprobs,
-            n=self.n,
+            n=1 if self.n is None else self.n,
             logit_bias=_token_bias(self.logit_bias),
             min_tokens=self.min_tokens or 0,
             stop_token_ids=tuple(self.stop_token_ids or ()),
@@ -224,11 +229,9 @@ def _token_bias(bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
     """OpenAI's ``logit_bias`` (keys are token ids written as strings) as (id, bias) pairs."""
     pairs = []
     for key, value in (bias or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
-            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
-        pairs.append((token, value))
+        if not re.fullmatch(r"-?[0-9]+", key):  # int() would also take " 100 " and "1_00"
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias")
+        pairs.append((int(key), value))
     return tuple(pairs)
 
 
@@ -262,7 +265,8 @@ class ContentPart(_Request):
 
 
 class ChatMessage(_Request):
-    role: Literal["system", "user", "assistant", "tool"]
+    # "developer" is OpenAI's newer name for the system turn; templates know it as "system".
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls (OpenAI's shape)
@@ -312,7 +316,10 @@ class ChatCompletionRequest(_SamplingFields):
         if top is not None and not self.logprobs:
             # OpenAI insists on logprobs=true here; say so instead of silently dropping it.
             raise InvalidRequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
-        params = self._params(limit, logprobs)
+        try:
+            params = self._params(limit, logprobs)
+        except InvalidRequestError as exc:
+            raise self._named(exc) from None
         use = self.tool_use()
         constraint = None if use is None else use.constraint()
         if constraint is not None:
@@ -325,8 +332,30 @@ class ChatCompletionRequest(_SamplingFields):
             params = params.with_updates(structured_outputs=constraint)
         return params
 
+    @property
+    def limit_field(self) -> str:
+        """The field that set the output's limit: ``max_completion_tokens`` when given."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    def _named(self, exc: InvalidRequestError) -> InvalidRequestError:
+        """``exc`` naming the chat field the client sent: SamplingParams checks ``logprobs``
+        (chat's ``top_logprobs``) and ``max_tokens`` (or ``max_completion_tokens``)."""
+        sent = {"logprobs": "top_logprobs", "max_tokens": self.limit_field}.get(exc.param or "")
+        if sent is None or sent == exc.param:
+            return exc
+        return InvalidRequestError(str(exc).replace(str(exc.param), sent, 1), param=sent)
+
     def message_dicts(self) -> list[dict[str, Any]]:
-        return [m.model_dump(exclude_none=True) for m in self.messages]
+        return messages_as_dicts(self.messages)
+
+
+def messages_as_dicts(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    """The messages as a chat template takes them (a developer turn is a system turn)."""
+    out = [m.model_dump(exclude_none=True) for m in messages]
+    for m in out:
+        if m["role"] == "developer":
+            m["role"] = "system"
+    return out
 
 
 class TokenizeCompletionRequest(_Strict):
@@ -343,6 +372,7 @@ class TokenizeChatRequest(_Strict):
 
     model: str | None = None
     messages: list[ChatMessage]
+    tools: list[dict[str, Any]] | None = None  # the tools a chat request would offer (vLLM takes them too)
     add_generation_prompt: StrictBool = True
     add_special_tokens: StrictBool = False  # the chat layout already starts with BOS
     return_token_strs: StrictBool | None = False

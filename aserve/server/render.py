@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import time
 from collections.abc import Sequence
@@ -62,6 +63,7 @@ class Echo(PromptIds):
     """What ``echo`` puts before each choice: its prompt's text (and tokens, for logprobs)."""
 
     texts: list[str]
+    decoded: list[bool]  # the text is the ids decoded with their special tokens (an ids prompt)
 
     def text(self, index: int) -> str:
         return self.texts[index // self.n]
@@ -75,19 +77,38 @@ def _int_list(values: Sequence[int]) -> bytes:
     return b"[" + ",".join(map(str, values)).encode() + b"]"
 
 
+class TextOffsets:
+    """Where each token of a choice starts in the choice's ``text``: the characters of the
+    decoded text before it. A special token adds none (the text skips it); a byte-fallback
+    token adds a character only once its character is complete. One per choice, fed every
+    token in order (the echoed prompt's first), across a stream's chunks."""
+
+    def __init__(self, tok: Tokenizer) -> None:
+        self.tok = tok
+        self.chars = 0
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def take(self, token_id: int, keep_special: bool = False) -> int:
+        """``token_id``'s offset; moves past it (past a special token's text only where the
+        text keeps it: ``keep_special``)."""
+        at = self.chars
+        if keep_special or not self.tok.is_special(token_id):
+            self.chars += len(self._utf8.decode(self.tok.piece_bytes(token_id)))
+        return at
+
+
 def echo_logprobs(
-    tok: Tokenizer, prompt_ids: Sequence[int], lps: Sequence[TokenLogprob | None] | None
+    tok: Tokenizer, echo: Echo, index: int, lps: Sequence[TokenLogprob | None] | None, offsets: TextOffsets
 ) -> CompletionLogprobs:
-    """The prompt's part of an echoed choice's logprobs: the first token has none (nothing
+    """The prompt's part of choice ``index``'s logprobs: the first token has none (nothing
     precedes it), as OpenAI and vLLM report; each position's alternatives include its token."""
     out = CompletionLogprobs()
-    offset = 0
-    for k, token in enumerate(prompt_ids):
+    keep_special = echo.decoded[index // echo.n]
+    for k, token in enumerate(echo.of(index)):
         lp = lps[k] if lps is not None and k < len(lps) else None
         text = token_text(tok, token)
         out.tokens.append(text)
-        out.text_offset.append(offset)
-        offset += len(text)
+        out.text_offset.append(offsets.take(token, keep_special))
         if lp is None:
             out.token_logprobs.append(None)
             out.top_logprobs.append(None)
@@ -100,20 +121,16 @@ def echo_logprobs(
 
 
 def completion_logprobs(
-    tok: Tokenizer, lps: Sequence[TokenLogprob], offset: int = 0, head: CompletionLogprobs | None = None
+    tok: Tokenizer, lps: Sequence[TokenLogprob], offsets: TextOffsets, head: CompletionLogprobs | None = None
 ) -> CompletionLogprobs:
-    """Generated tokens' logprobs, after ``head`` (an echoed prompt's) when given."""
-    out = CompletionLogprobs()
-    if head is not None:
-        out = head.model_copy(deep=True)
-        offset += out.text_offset[-1] + len(out.tokens[-1]) if out.tokens else 0
+    """Generated tokens' logprobs, after ``head`` (an echoed prompt's, whose tokens
+    ``offsets`` has taken) when given."""
+    out = CompletionLogprobs() if head is None else head
     for lp in lps:
-        text = token_text(tok, lp.token_id)
-        out.tokens.append(text)
+        out.tokens.append(token_text(tok, lp.token_id))
         out.token_logprobs.append(lp.logprob)
         out.top_logprobs.append({token_text(tok, t): v for t, v in lp.top})
-        out.text_offset.append(offset)
-        offset += len(text)
+        out.text_offset.append(offsets.take(lp.token_id))
     return out
 
 
@@ -139,8 +156,9 @@ def completion_response(
     for o in result.outputs:
         lps = None
         if want_logprobs:
-            head = None if echo is None else echo_logprobs(tok, echo.of(o.index), o.prompt_logprobs)
-            lps = completion_logprobs(tok, o.logprobs or (), head=head)
+            offsets = TextOffsets(tok)
+            head = None if echo is None else echo_logprobs(tok, echo, o.index, o.prompt_logprobs, offsets)
+            lps = completion_logprobs(tok, o.logprobs or (), offsets, head)
         text = o.text if echo is None else echo.text(o.index) + o.text
         choice = CompletionChoice(index=o.index, text=text, logprobs=lps, finish_reason=o.finish_reason)
         if ids is not None:
@@ -191,7 +209,7 @@ class CompletionChunks:
     ) -> None:
         self.tok, self.rid, self.model, self.want_logprobs, self.echo = tok, rid, model, want_logprobs, echo
         self.ids = ids
-        self.offsets: dict[int, int] = {}
+        self.offsets: dict[int, TextOffsets] = {}  # by choice, from its first chunk
         # A plain chunk (no logprobs or echo; token ids or not) is rendered from these pieces,
         # not through pydantic: the same JSON as CompletionResponse's, ~1 us against ~5 a chunk.
         self._plain = not want_logprobs and echo is None
@@ -207,7 +225,7 @@ class CompletionChunks:
             ids = b""
             if self.ids is not None:
                 if d.index not in self.offsets:
-                    self.offsets[d.index] = 0
+                    self.offsets[d.index] = TextOffsets(self.tok)
                     ids = b',"prompt_token_ids":' + _int_list(self.ids.of(d.index))
                 ids += b',"token_ids":' + _int_list(d.token_ids)
             return b"".join((self._head, str(int(time.time())).encode(), self._model, str(d.index).encode(),
@@ -216,14 +234,12 @@ class CompletionChunks:
         lps = None
         text = d.text
         first = d.index not in self.offsets
+        offsets = self.offsets.setdefault(d.index, TextOffsets(self.tok))
         if self.want_logprobs:
             head = None
             if first and self.echo is not None:
-                head = echo_logprobs(self.tok, self.echo.of(d.index), d.prompt_logprobs)
-            lps = completion_logprobs(self.tok, d.logprobs or (), self.offsets.get(d.index, 0), head)
-            self.offsets[d.index] = lps.text_offset[-1] + len(lps.tokens[-1]) if lps.tokens else 0
-        else:
-            self.offsets.setdefault(d.index, 0)
+                head = echo_logprobs(self.tok, self.echo, d.index, d.prompt_logprobs, offsets)
+            lps = completion_logprobs(self.tok, d.logprobs or (), offsets, head)
         if first and self.echo is not None:
             text = self.echo.text(d.index) + text
         choice = CompletionChoice(index=d.index, text=text, logprobs=lps, finish_reason=d.finish_reason)

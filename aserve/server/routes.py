@@ -30,6 +30,7 @@ from aserve.server.protocol import (
     DetokenizeRequest,
     TokenizeChatRequest,
     TokenizeCompletionRequest,
+    messages_as_dicts,
 )
 from aserve.server.render import (
     ChatChunks,
@@ -47,7 +48,7 @@ from aserve.server.responses import (
 )
 from aserve.server.sse import SSEResponse, stream_events
 from aserve.server.state import ServerState
-from aserve.server.tools import messages_for
+from aserve.server.tools import ToolUse, messages_for, tool_use
 from aserve.tokenizer.chat import apply_chat_template
 from aserve.tokenizer.tokenizer import Tokenizer
 
@@ -150,14 +151,14 @@ def _check_model(server: ServerState, name: str) -> None:
         )
 
 
-def _check_length(engine: Engine | EngineClient, prompt_len: int, requested: int | None) -> None:
-    # Explicit max_tokens that cannot fit is a client error (as with OpenAI), not a silent cap.
+def _check_length(engine: Engine | EngineClient, prompt_len: int, requested: int | None, field: str) -> None:
+    # An explicit limit (``field``) that cannot fit is a client error (as with OpenAI), not a silent cap.
     ctx = engine.max_context
     if requested is not None and prompt_len < ctx and prompt_len + requested > ctx:
         raise ContextLengthError(
             f"this model's maximum context length is {ctx} tokens; the prompt has {prompt_len} tokens and "
-            f"max_tokens asks for {requested} more; lower max_tokens to at most {ctx - prompt_len}",
-            param="max_tokens",
+            f"{field} asks for {requested} more; lower {field} to at most {ctx - prompt_len}",
+            param=field,
         )
 
 
@@ -196,7 +197,7 @@ def _completion_prompts(tok: Tokenizer, prompt: str | list[Any]) -> list[_Prompt
 
 def _echo(tok: Tokenizer, prompts: list[_Prompt], n: int) -> Echo:
     texts = [p.text if p.text is not None else tok.decode(p.ids, skip_special_tokens=False) for p in prompts]
-    return Echo(ids=[p.ids for p in prompts], n=n, texts=texts)
+    return Echo(ids=[p.ids for p in prompts], n=n, texts=texts, decoded=[p.text is None for p in prompts])
 
 
 async def _generate(
@@ -221,9 +222,11 @@ async def _generate(
                 f"the limit is {MAX_CHOICES} per request",
                 param="prompt",
             )
-        requested = req.max_completion_tokens if isinstance(req, ChatCompletionRequest) else None
+        requested, field = req.max_tokens, "max_tokens"
+        if isinstance(req, ChatCompletionRequest) and req.max_completion_tokens is not None:
+            requested, field = req.max_completion_tokens, "max_completion_tokens"
         for p in prompts:
-            _check_length(engine, len(p.ids), requested if requested is not None else req.max_tokens)
+            _check_length(engine, len(p.ids), requested, field)
         prompt_tokens = sum(len(p.ids) for p in prompts)
         echoes = isinstance(req, CompletionRequest) and bool(req.echo)
         prefix = "chatcmpl-" if endpoint == "chat" else "cmpl-"
@@ -309,14 +312,22 @@ async def chat_completions(request: Request) -> Response:
     req = ChatCompletionRequest.parse(await _read_json(request, _server(request).settings.body))
 
     def prompts_of(tok: Tokenizer) -> list[_Prompt]:
-        use = req.tool_use()
-        takes_tools = tok.chat_template is not None and "tools" in tok.chat_template
-        messages = messages_for(req.message_dicts(), use, takes_tools)
+        text = _chat_text(tok, req.message_dicts(), req.tool_use())
         # The template already starts with BOS; encoding must not add a second one.
-        text = apply_chat_template(tok, messages, tools=use.tool_dicts() if use is not None and takes_tools else None)
         return [_Prompt(tok.encode(text, add_special_tokens=False), text)]
 
     return await _generate(request, "chat", req, prompts_of)
+
+
+def _chat_text(
+    tok: Tokenizer, messages: list[dict[str, Any]], use: ToolUse | None, add_generation_prompt: bool = True
+) -> str:
+    """A conversation as the model's chat template lays it out, with the tools it may call:
+    given to a template that takes tools, else as aserve's instruction (``messages_for``)."""
+    takes_tools = tok.chat_template is not None and "tools" in tok.chat_template
+    laid_out = messages_for(messages, use, takes_tools)
+    tools = use.tool_dicts() if use is not None and takes_tools else None
+    return apply_chat_template(tok, laid_out, add_generation_prompt, tools=tools)
 
 
 def _ready_engine(server: ServerState) -> Engine | EngineClient:
@@ -336,9 +347,9 @@ async def tokenize(request: Request) -> Response:
     engine = _ready_engine(server)
     tok = engine.tokenizer
     if isinstance(req, TokenizeChatRequest):
-        text = apply_chat_template(
-            tok, [m.model_dump(exclude_none=True) for m in req.messages], req.add_generation_prompt
-        )
+        # Laid out as /v1/chat/completions lays it out: tool turns and the tools offered included.
+        use = tool_use(req.tools, None, None)
+        text = _chat_text(tok, messages_as_dicts(req.messages), use, req.add_generation_prompt)
     else:
         text = req.prompt
     ids = tok.encode(text, add_special_tokens=req.add_special_tokens)
@@ -360,11 +371,22 @@ async def detokenize(request: Request) -> Response:
     return JSONResponse(DetokenizeResponse(prompt=tok.decode(req.tokens, skip_special_tokens=False)).model_dump())
 
 
-async def models(request: Request) -> Response:
-    server = _server(request)
+def _model_card(server: ServerState) -> ModelCard:
     ctx = server.engine.max_context if server.ready and server.engine is not None else None
-    listing = ModelList(data=[ModelCard(id=server.settings.served_model_name, max_model_len=ctx)])
+    return ModelCard(id=server.settings.served_model_name, max_model_len=ctx)
+
+
+async def models(request: Request) -> Response:
+    listing = ModelList(data=[_model_card(_server(request))])
     return JSONResponse(listing.model_dump(mode="json"))
+
+
+async def model(request: Request) -> Response:
+    """OpenAI's ``GET /v1/models/{model}`` (the client's ``models.retrieve``): the served
+    model's card, or 404 for any other name."""
+    server = _server(request)
+    _check_model(server, request.path_params["model"])
+    return JSONResponse(_model_card(server).model_dump(mode="json"))
 
 
 async def health(request: Request) -> Response:
@@ -411,6 +433,7 @@ def routes() -> list[Route]:
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         Route("/openapi.json", openapi, methods=["GET"]),

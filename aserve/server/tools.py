@@ -133,7 +133,7 @@ def tool_use(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: boo
         return None
     functions: dict[str, dict[str, Any]] = {}
     for k, tool in enumerate(tools):
-        fn = tool.get("function") or {}
+        fn = _function(tool, "tools", f"tools[{k}]")
         name = fn.get("name")
         if tool.get("type") != "function" or not isinstance(name, str) or not name:
             raise InvalidRequestError(f"tools[{k}] must be a function with a name", param="tools")
@@ -146,8 +146,8 @@ def tool_use(tools: list[dict[str, Any]] | None, tool_choice: Any, parallel: boo
     if tool_choice in (None, "auto", "required"):
         choice = tool_choice or "auto"
     elif isinstance(tool_choice, dict) and tool_choice.get("type") == "function":
-        choice = (tool_choice.get("function") or {}).get("name")
-        if choice not in functions:
+        choice = _function(tool_choice, "tool_choice", "tool_choice").get("name")
+        if not isinstance(choice, str) or choice not in functions:
             raise InvalidRequestError(
                 f"tool_choice names {choice!r}, which is not among the tools", param="tool_choice"
             )
@@ -167,8 +167,14 @@ def messages_for(
     expect); otherwise earlier calls become assistant text in aserve's format, tool results
     user turns, and the tool instruction joins the system message."""
     out: list[dict[str, Any]] = []
-    for m in messages:
+    for k, m in enumerate(messages):
         calls = m.get("tool_calls")
+        for j, call in enumerate(calls or ()):
+            fn = _function(call, "messages", f"messages[{k}].tool_calls[{j}]")
+            if not isinstance(fn.get("name"), str):
+                raise InvalidRequestError(
+                    f"messages[{k}].tool_calls[{j}].function.name must be a string", param="messages"
+                )
         if template_takes_tools:
             if calls:
                 m = {**m, "tool_calls": [_parsed_arguments(c) for c in calls]}
@@ -188,6 +194,15 @@ def messages_for(
         else:
             out.insert(0, {"role": "system", "content": use.instruction()})
     return out
+
+
+def _function(obj: Any, param: str, where: str) -> dict[str, Any]:
+    """``obj["function"]`` ({} when absent), or the typed error naming ``where`` when ``obj``
+    or its function is not a JSON object."""
+    fn = obj.get("function") if isinstance(obj, dict) else None
+    if not isinstance(obj, dict) or not isinstance(fn, dict | None):
+        raise InvalidRequestError(f"{where} must be an object whose function is an object", param=param)
+    return fn or {}
 
 
 def _arguments(call: dict[str, Any]) -> Any:

@@ -105,9 +105,13 @@ class Tokenizer(ABC):
         shown as U+FFFD); concatenated, these need not equal ``decode``."""
 
     @abstractmethod
+    def piece_bytes(self, token_id: int) -> bytes:
+        """One id's bytes as they appear in decoded text (a byte-fallback piece is its byte,
+        ``▁`` a space); a special token keeps its text (``is_special`` tells them apart)."""
+
     def token_bytes(self) -> list[bytes]:
-        """Every id's bytes as they appear in decoded text (what a grammar engine matches
-        against); special tokens keep their text (``is_special`` tells them apart)."""
+        """Every id's :meth:`piece_bytes` (what a grammar engine matches against)."""
+        return [self.piece_bytes(i) for i in range(self.vocab_size)]
 
     @abstractmethod
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:

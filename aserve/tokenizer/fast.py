@@ -81,18 +81,14 @@ class FastTokenizer(Tokenizer):
             return piece
         return bytes(table[c] for c in piece).decode("utf-8", errors="replace")
 
-    def token_bytes(self) -> list[bytes]:
+    def piece_bytes(self, token_id: int) -> bytes:
         table = byte_decoder()
-        out: list[bytes] = []
-        for i in range(self.vocab_size):
-            piece = self.id_to_piece(i)
-            if self._byte_level and i not in self._added and all(c in table for c in piece):
-                out.append(bytes(table[c] for c in piece))  # byte-level BPE: one char per byte
-            elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-                out.append(bytes([int(piece[3:5], 16)]))  # a sentencepiece-style byte fallback
-            else:
-                out.append(piece.replace("\u2581", " ").encode())
-        return out
+        piece = self.id_to_piece(token_id)
+        if self._byte_level and token_id not in self._added and all(c in table for c in piece):
+            return bytes(table[c] for c in piece)  # byte-level BPE: one char per byte
+        if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            return bytes([int(piece[3:5], 16)])  # a sentencepiece-style byte fallback
+        return piece.replace("\u2581", " ").encode()
 
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=add_special_tokens).ids)

@@ -65,12 +65,9 @@ class SentencePieceTokenizer(Tokenizer):
         # The piece, not decode([id]): sentencepiece's decode drops a leading space.
         return self._pieces[token_id].replace("\u2581", " ")
 
-    def token_bytes(self) -> list[bytes]:
-        # A byte-fallback piece ``<0x0A>`` is its byte; ``▁`` is a space.
-        return [
-            bytes([int(p[3:5], 16)]) if self._sp.IsByte(i) else p.replace("\u2581", " ").encode()
-            for i, p in enumerate(self._pieces)
-        ]
+    def piece_bytes(self, token_id: int) -> bytes:
+        p = self._pieces[token_id]
+        return bytes([int(p[3:5], 16)]) if self._sp.IsByte(token_id) else p.replace("\u2581", " ").encode()
 
     # ---- encode / decode ----------------------------------------------------------------
 

@@ -78,6 +78,47 @@ REFUSED: list[tuple[str, tuple[str, dict[str, Any]], int, str]] = [
         400,
         "tool_choice",
     ),
+    # Malformed tool shapes are the client's mistake (they were 500s).
+    ("a tool whose function is a string", _chat(tools=[{"type": "function", "function": "x"}]), 400, "tools"),
+    (
+        "tool_choice whose function is a string",
+        _chat(
+            tools=[{"type": "function", "function": {"name": "f"}}], tool_choice={"type": "function", "function": "x"}
+        ),
+        400,
+        "tool_choice",
+    ),
+    (
+        "tool_choice naming a list",
+        _chat(
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            tool_choice={"type": "function", "function": {"name": ["f"]}},
+        ),
+        400,
+        "tool_choice",
+    ),
+    (
+        "an earlier call whose function is a string",
+        _chat(
+            messages=[
+                *CHAT,
+                {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": "x"}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "s"},
+            ]
+        ),
+        400,
+        "messages",
+    ),
+    # Numbers are numbers: strings and booleans are refused, not converted.
+    ("temperature as a string", _cmpl(temperature="0.5"), 422, "temperature"),
+    ("top_p as a boolean", _cmpl(top_p=True), 422, "top_p"),
+    ("a bias as a boolean", _cmpl(logit_bias={"5": True}), 422, "logit_bias.5"),
+    ("a bias key that only int() reads", _cmpl(logit_bias={" 100 ": 1}), 400, "logit_bias"),
+    # Errors name the field the client sent.
+    ("top_logprobs out of range", _chat(logprobs=True, top_logprobs=30), 400, "top_logprobs"),
+    ("max_completion_tokens negative", _chat(max_completion_tokens=-5), 400, "max_completion_tokens"),
+    ("max_completion_tokens past the context", _chat(max_completion_tokens=10**6), 400, "max_completion_tokens"),
+    ("stream_options without stream", _cmpl(stream_options={"include_usage": True}), 400, "stream_options"),
 ]
 
 # OpenAI's defaults of fields aserve does not implement, the other engineer's pass-through
@@ -88,6 +129,12 @@ ACCEPTED: list[tuple[str, tuple[str, dict[str, Any]]]] = [
         _cmpl(best_of=1, suffix=None, store=False, metadata=None, service_tier="auto", user="u-1", stream_options=None),
     ),
     ("best_of == n", _cmpl(best_of=2, n=2)),
+    ("n null (OpenAI's n is nullable)", _cmpl(n=None)),
+    (
+        "a developer turn (OpenAI's newer system turn)",
+        _chat(messages=[{"role": "developer", "content": "Be brief."}, *CHAT]),
+    ),
+    ("a seed at the top of the range with n = 2", _cmpl(seed=2**63 - 1, n=2, temperature=1.0)),
     (
         "defaults (chat)",
         _chat(
@@ -359,6 +406,18 @@ def test_tokenize_detokenize(server: ServerProcess, tokenizer: Any) -> None:
         assert chat["tokens"] == want
         usage = http.post("/v1/chat/completions", json=_chat()[1]).json()["usage"]
         assert usage["prompt_tokens"] == chat["count"]
+        # A conversation with tools and tool turns counts as the chat endpoint lays it out.
+        tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+        turns = [
+            *CHAT,
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                                                  "function": {"name": "f", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "42"},
+        ]  # fmt: skip
+        r = http.post("/tokenize", json={"model": MODEL, "messages": turns, "tools": tools})
+        assert r.status_code == 200, r.text
+        body = {**_chat(messages=turns, tools=tools)[1], "max_tokens": 1}
+        assert http.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"] == r.json()["count"]
         r = http.post("/detokenize", json={"model": MODEL, "tokens": ids})
         assert r.status_code == 200 and r.json() == {"prompt": tokenizer.decode(ids, skip_special_tokens=False)}
         for path, body, status, param in [

@@ -53,5 +53,5 @@ def test_chunks_with_logprobs_or_echo_still_go_through_the_model() -> None:
     d = Delta(index=0, text="x", token_ids=[5])
     assert not isinstance(CompletionChunks(None, "r", "m", True).delta(d), bytes)  # type: ignore[arg-type]
     assert not isinstance(
-        CompletionChunks(None, "r", "m", False, echo=Echo(ids=[[1]], n=1, texts=["p"])).delta(d), bytes
+        CompletionChunks(None, "r", "m", False, echo=Echo(ids=[[1]], n=1, texts=["p"], decoded=[False])).delta(d), bytes
     )  # type: ignore[arg-type]

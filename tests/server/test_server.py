@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from tests.server.helpers import AUTH, MODEL, ServerProcess, metric, parse_sse, running_server
+from tests.server.helpers import API_KEY, AUTH, MODEL, ServerProcess, metric, parse_sse, running_server
 
 pytestmark = pytest.mark.slow
 
@@ -35,6 +35,11 @@ def test_health_models_openapi(server: ServerProcess) -> None:
     assert r.status_code == 200 and r.headers["x-request-id"]
     models = httpx.get(server.base_url + "/v1/models", headers=AUTH).json()
     assert [m["id"] for m in models["data"]] == [MODEL]
+    # One model by name (the openai client's models.retrieve), and a name not served.
+    one = openai.OpenAI(base_url=server.base_url + "/v1", api_key=API_KEY, max_retries=0).models.retrieve(MODEL)
+    assert one.id == MODEL
+    missing = httpx.get(server.base_url + "/v1/models/gpt-9", headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
     doc = httpx.get(server.base_url + "/openapi.json").json()
     assert doc["openapi"].startswith("3.") and "/v1/chat/completions" in doc["paths"]
     validator = pytest.importorskip("openapi_spec_validator")
