@@ -8,12 +8,16 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import anyio
 
 from aserve.config import add_engine_args, engine_config_from_args
 from aserve.errors import AserveError
 from aserve.logs import configure_logging
+
+if TYPE_CHECKING:
+    from aserve.tokenizer.base import Tokenizer
 
 
 async def _generate(args: argparse.Namespace) -> int:
@@ -29,11 +33,7 @@ async def _generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop or ()),
     )
     async with Engine(engine_config_from_args(args)) as engine:
-        prompt = args.prompt
-        if args.chat:
-            from aserve.tokenizer.chat import apply_chat_template
-
-            prompt = apply_chat_template(engine.tokenizer, [{"role": "user", "content": prompt}])
+        prompt: str | list[int] = chat_prompt_ids(engine.tokenizer, args.prompt) if args.chat else args.prompt
         sys.stdout.write(args.prompt if not args.chat else "")
         sys.stdout.flush()
         async for delta in engine.generate(prompt, params):
@@ -45,6 +45,16 @@ async def _generate(args: argparse.Namespace) -> int:
         if args.stats:
             print(json.dumps(engine.stats().as_dict(), indent=2), file=sys.stderr)
     return 0
+
+
+def chat_prompt_ids(tokenizer: Tokenizer, content: str) -> list[int]:
+    """One user turn laid out by the model's chat template, as token ids. The template's text
+    starts with BOS already, so it is encoded without adding another (as the server's chat
+    route does); a string prompt would get a second one."""
+    from aserve.tokenizer.chat import apply_chat_template
+
+    text = apply_chat_template(tokenizer, [{"role": "user", "content": content}])
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 async def _info(args: argparse.Namespace) -> int:

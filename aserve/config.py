@@ -225,7 +225,7 @@ FLAG_HELP: dict[str, str] = {
     "radix_cache": "do not reuse the KV of shared prefixes",
     "attention_backend": "paged attention kernels (auto: triton on CUDA, torch on a CPU)",
     "fused_ops": "fused RMSNorm/rotary/activation kernels: Triton on CUDA (default: on with triton), C on a CPU (attention too; default: on with GGUF blocks)",
-    "cuda_graph": "decode steps replayed from CUDA graphs (default: on with CUDA and triton)",
+    "cuda_graph": "decode, prefill and mixed steps replayed from CUDA graphs (default: on with CUDA and triton)",
     "cuda_graph_max_tokens": "with CUDA graphs on, prefill and mixed steps of up to this many tokens replay "
     "from graphs too (default: the step's token budget; 0: decode steps only)",
     "schedule_policy": "waiting-queue order: fcfs, or lpm (longest cached prefix first)",
@@ -243,7 +243,7 @@ FLAG_HELP: dict[str, str] = {
     "seed": "seed of the requests that do not give one",
     "debug": "poison freed future slots and check scheduler invariants every step (slow)",
     "warmup": "run one prefill and one decode before serving",
-    "num_threads": "torch intra-op threads on a CPU (default: torch's choice)",
+    "num_threads": "torch intra-op threads on a CPU (default: the CPUs this process may run on, within its cgroup quota)",
     "log_format": "console lines for people, json lines for log collectors",
     "trace_path": "on exit, write a Chrome trace (chrome://tracing, Perfetto) of every step here",
     "cuda_event_wait": "how the loop awaits a CUDA event: ask at every pass of the loop (spin, a busy core while "
@@ -271,7 +271,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
             continue
         if f.name == "cuda_graph":  # --disable-cuda-graph, as in SGLang; --cuda-graph forces it on
             group.add_argument("--disable-cuda-graph", dest="cuda_graph", action="store_false", default=None,
-                               help="run decode steps eagerly")  # fmt: skip
+                               help="run every step eagerly (no CUDA graphs)")  # fmt: skip
             group.add_argument("--cuda-graph", dest="cuda_graph", action="store_true", default=None, help=text)
             continue
         default = f.default if f.default is not MISSING else None

@@ -6,6 +6,7 @@ import argparse
 import subprocess
 import sys
 from dataclasses import fields
+from pathlib import Path
 
 from aserve.cli import build_parser
 from aserve.config import FLAG_HELP, EngineConfig
@@ -50,3 +51,15 @@ def test_help_does_not_import_torch() -> None:
     code = "import sys, aserve.cli as c; c.build_parser().format_help(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", out.stderr
+
+
+def test_generate_chat_prompt_has_one_bos(default_gguf: Path) -> None:
+    """``aserve generate --chat`` lays the prompt out with the chat template, whose text starts
+    with BOS: encoding it must not add a second one (a string prompt would)."""
+    from aserve.cli import chat_prompt_ids
+    from aserve.tokenizer.tokenizer import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(default_gguf)
+    ids = chat_prompt_ids(tok, "Hi there")
+    assert ids[0] == tok.bos_token_id and ids.count(tok.bos_token_id) == 1
+    assert "Hi there" in tok.decode(ids)

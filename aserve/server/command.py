@@ -27,7 +27,11 @@ def add_serve_subcommand(subparsers: Any) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = subparsers.add_parser("serve", help="serve the OpenAI-compatible HTTP API")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default: %(default)s)")
-    p.add_argument("--api-key", default=None, help=f"require this Bearer token on /v1 (or set {API_KEY_ENV})")
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help=f"require this Bearer token on /v1, /admin, /tokenize and /detokenize (or set {API_KEY_ENV})",
+    )
     p.add_argument("--served-model-name", default=None, help="model name clients use (default: the --model value)")
     p.add_argument("--max-body-bytes", type=int, default=BodyLimits.max_bytes,
                    help="largest accepted request body (413 beyond; default: %(default)s)")  # fmt: skip
