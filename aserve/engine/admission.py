@@ -25,6 +25,16 @@ from aserve.tokenizer.tokenizer import Tokenizer
 Prompt = str | Sequence[int]
 
 
+def check_prompt_list(prompts: object) -> None:
+    """``complete_many`` / ``open_streams`` take a list of prompts: a bare string (which
+    would be taken as one prompt per character) is refused."""
+    if isinstance(prompts, str):
+        raise InvalidRequestError(
+            "prompts must be a list of prompts; for one prompt string call complete() or open_stream()",
+            param="prompt",
+        )
+
+
 @dataclass(frozen=True)
 class AdmissionLimits:
     """What a request is checked against: the engine's (and, over IPC, the core's) limits."""

@@ -25,7 +25,7 @@ from aserve.device.events import POLL_INTERVAL_S, CpuStream, CudaEventWaiter, Lo
 from aserve.device.future_map import FutureMap
 from aserve.device.runner import ModelRunner
 from aserve.device.step import Step
-from aserve.engine.admission import Admission, AdmissionLimits, Prompt
+from aserve.engine.admission import Admission, AdmissionLimits, Prompt, check_prompt_list
 from aserve.engine.commit import Committer
 from aserve.engine.gc_policy import GC_GEN0_THRESHOLD, hold_for_serving, release_after_serving
 from aserve.engine.recorder import StepRecorder
@@ -423,11 +423,7 @@ class Engine:
         self, prompts: Sequence[Prompt], params: SamplingParams, request_id: str | None, *, whole: bool
     ) -> list[Req]:
         self._require()
-        if isinstance(prompts, str):
-            raise InvalidRequestError(
-                "prompts must be a list of prompts; for one prompt string call complete() or open_stream()",
-                param="prompt",
-            )
+        check_prompt_list(prompts)
         if len(prompts) == 1:
             return self.submit(prompts[0], params, request_id, whole=whole)
         if not prompts:

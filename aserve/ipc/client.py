@@ -32,7 +32,7 @@ import zmq.asyncio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
 from aserve import errors
-from aserve.engine.admission import Admission, AdmissionLimits, Prompt
+from aserve.engine.admission import Admission, AdmissionLimits, Prompt, check_prompt_list
 from aserve.engine.setup import load_tokenizer
 from aserve.engine.stream import RequestStream, collect_result
 from aserve.errors import AserveError, EngineClosedError, EngineFailedError
@@ -224,6 +224,7 @@ class EngineClient:
     def _submit_many(
         self, prompts: Sequence[Prompt], params: SamplingParams, request_id: str | None, *, whole: bool
     ) -> list[Req]:
+        check_prompt_list(prompts)
         if len(prompts) == 1:
             return self._submit(prompts[0], params, request_id, whole=whole)
         if not prompts:

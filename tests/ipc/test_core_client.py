@@ -77,6 +77,8 @@ async def test_a_request_over_the_limits_raises_its_typed_error_at_once(
             except error:
                 continue
             raise AssertionError(f"{bad} was admitted")
+        with pytest.raises(aserve.InvalidRequestError, match="list of prompts"):
+            await client.complete_many("hey", aserve.SamplingParams(max_tokens=4))  # not three prompts h, e, y
         ok = await client.complete([1, 5, 9], aserve.SamplingParams(max_tokens=4, temperature=0))
         assert len(ok.token_ids) == 4
 
