@@ -67,4 +67,9 @@ def configure_logging(fmt: str = "console", level: int = logging.INFO) -> None:
 
 
 def get_logger(name: str = "aserve") -> Any:
+    if not structlog.is_configured():
+        # Nobody configured structlog (an embedding app, a benchmark): its default prints to
+        # stdout, where a program's own output goes (a bench's JSON line). Log lines belong on
+        # stderr; an app that configures structlog itself, before or after, keeps its own.
+        structlog.configure(logger_factory=lambda *args: structlog.WriteLogger(file=sys.stderr))
     return structlog.get_logger(name)

@@ -45,9 +45,11 @@ def add_target_args(p: argparse.ArgumentParser) -> None:
 def add_workload_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("workload")
     g.add_argument("--workload", choices=("random", "shared-prefix", "sharegpt", "trace"), default="random")
-    g.add_argument("--num-requests", type=int, default=50)
+    g.add_argument("--num-requests", type=int, default=None,
+                   help="requests to send (default: 50; a trace: all its lines)")  # fmt: skip
     g.add_argument("--input-len", type=int, default=32)
-    g.add_argument("--output-len", type=int, default=16)
+    g.add_argument("--output-len", type=int, default=None,
+                   help="tokens to generate (default: 16; sharegpt: each reply's length)")  # fmt: skip
     g.add_argument("--range-ratio", type=float, default=0.0, help="lengths uniform in [L(1-r), L(1+r)]")
     g.add_argument("--groups", type=int, default=4)
     g.add_argument("--per-group", type=int, default=8)
@@ -81,6 +83,11 @@ def add_output_args(p: argparse.ArgumentParser) -> None:
 
 async def cmd_run(a: argparse.Namespace) -> int:
     tspec, wspec, base = target_spec(a), workload_spec(a), load_spec(a)
+    shard = tuple(int(x) for x in a.shard.split("/")) if a.shard else None
+    if shard is not None:
+        # One of --client-procs K processes: its own arrivals (K streams from one seed would
+        # arrive in step: the same gaps K times over), the same workload split K ways.
+        base = replace(base, seed=hash((base.seed, shard[0])) & 0x7FFF_FFFF)
     slo = SLO.parse(a.slo)
     steps: list[tuple[str, float, LoadSpec]] = [("", base.rate, base)]
     if a.sweep_rates:
@@ -94,9 +101,8 @@ async def cmd_run(a: argparse.Namespace) -> int:
     async with open_target(tspec) as (target, tok):
         await target.wait_ready(tspec.ready_timeout)
         items = build_workload(wspec, tok)
-        if a.shard:  # one of --client-procs K processes: every K-th request
-            i, k = (int(x) for x in a.shard.split("/"))
-            items = items[i::k]
+        if shard is not None:  # every K-th request
+            items = items[shard[0] :: shard[1]]
         barrier = await _start_barrier(a.start_barrier) if a.start_barrier else None
         for suffix, value, load in steps:
             for rep in range(a.repeats):
@@ -144,9 +150,11 @@ def _floats(text: str) -> list[float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__)
+    # No abbreviations: a child of --client-procs gets the parent's flags, and an abbreviated
+    # one it does not recognise would start children of its own.
+    parser = argparse.ArgumentParser(prog="python -m loadgen", description=__doc__, allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="one run, or a sweep over rates / concurrencies")
+    run = sub.add_parser("run", allow_abbrev=False, help="one run, or a sweep over rates / concurrencies")
     add_target_args(run)
     add_workload_args(run)
     add_load_args(run)
@@ -163,11 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/K: this client process's share
     run.add_argument("--start-barrier", default=None, help=argparse.SUPPRESS)  # a ready file; stdin says go
 
-    cmp_ = sub.add_parser("compare", help="ratios of every metric, B/A, with bootstrap CIs")
+    cmp_ = sub.add_parser("compare", allow_abbrev=False, help="ratios of every metric, B/A, with bootstrap CIs")
     cmp_.add_argument("groups", nargs="+", help="JSON summaries; join repeated runs of one setting with commas")
     cmp_.add_argument("--out", default=None, help="write the comparison as JSON here")
 
-    ab = sub.add_parser("overlap-ab", help="overlap on vs off on an identical fixed-schedule workload")
+    ab = sub.add_parser(
+        "overlap-ab", allow_abbrev=False, help="overlap on vs off on an identical fixed-schedule workload"
+    )
     add_target_args(ab)
     add_workload_args(ab)
     add_load_args(ab)
@@ -176,14 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--server-arg", action="append", default=[], help="extra `aserve serve` argument (repeatable)")
 
     soak = sub.add_parser(
-        "soak", help="N requests in flight for a duration, mixed endpoints and aborts; server RSS, fds, KV over time"
+        "soak",
+        allow_abbrev=False,
+        help="N requests in flight for a duration, mixed endpoints and aborts; server RSS, fds, KV over time",
     )
     add_soak_args(soak)
 
     from loadgen.simulate_cmd import add_simulate_args
 
     sim = sub.add_parser(
-        "simulate", help="router policies against N simulated replicas (cost model): throughput and hit rate"
+        "simulate",
+        allow_abbrev=False,
+        help="router policies against N simulated replicas (cost model): throughput and hit rate",
     )
     add_workload_args(sim)
     add_simulate_args(sim)

@@ -35,9 +35,11 @@ from loadgen.records import RequestRecord
 from loadgen.server_view import delta, parse_prometheus
 
 
-def _child_args(argv: list[str], i: int, k: int, out: Path, label: str, rate: float, conc: int | None) -> list[str]:
-    """The parent's arguments for child ``i``: its shard, its share of the load, its own output."""
-    drop_value = {"--client-procs", "--out", "--label", "--rate", "--max-concurrency", "--shard"}
+def _child_args(argv: list[str], i: int, k: int, out: Path, label: str, a: argparse.Namespace) -> list[str]:
+    """The parent's arguments for child ``i``: its shard, its share of the load (rate,
+    concurrency, closed-loop users and warm-up requests divided by K), its own output."""
+    rate, conc = a.rate, a.max_concurrency
+    drop_value = {"--client-procs", "--out", "--label", "--rate", "--max-concurrency", "--shard", "--users", "--warmup"}
     args: list[str] = []
     skip = False
     for tok in argv:
@@ -55,6 +57,10 @@ def _child_args(argv: list[str], i: int, k: int, out: Path, label: str, rate: fl
              "--rate", str(rate / k) if math.isfinite(rate) else "inf"]  # fmt: skip
     if conc is not None:
         args += ["--max-concurrency", str(max(1, math.ceil(conc / k)))]
+    if a.users is not None:
+        args += ["--users", str(max(1, math.ceil(a.users / k)))]
+    if a.warmup:
+        args += ["--warmup", str(math.ceil(a.warmup / k))]
     return args
 
 
@@ -102,12 +108,22 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
         f.unlink(missing_ok=True)
     cmds = []
     for i in range(k):
-        child = _child_args(argv, i, k, shard_dir, a.label, a.rate, a.max_concurrency)
+        child = _child_args(argv, i, k, shard_dir, a.label, a)
         cmds.append([sys.executable, "-m", "loadgen", *child, "--start-barrier", str(ready[i])])
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE) for cmd in cmds]
-    t0 = _release_together(procs, ready, a.ready_timeout + 600)
-    host0 = host_cpu_jiffies()
-    codes = [p.wait() for p in procs]
+    try:
+        t0 = _release_together(procs, ready, a.ready_timeout + 600)
+        host0 = host_cpu_jiffies()
+        codes = [p.wait() for p in procs]
+    except BaseException:  # Ctrl-C, or the parent killed: no client keeps sending without it
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        raise
     if t0 is None:
         print(f"a client process ended before all were ready to send (exit codes {codes})", file=sys.stderr)
         return 1
@@ -126,6 +142,7 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
             r = RequestRecord.from_dict(json.loads(line))
             if r.warmup:
                 continue
+            r.index = i + k * r.index  # the request's index in the whole workload (child i sent every K-th)
             for name in ("scheduled_s", "ready_s", "send_s", "done_s"):
                 v = getattr(r, name)
                 if v is not None:
@@ -151,7 +168,10 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
     summary["warnings"] = warnings(summary)
     summary["server"] = delta(before, after)
     ready_at = [s["run"]["barrier"]["ready_perf"] for s in shards]
-    summary["run"] = {**shards[0]["run"], "label": a.label, "client_procs": k, "wall_s": wall,
+    # The run's load as asked of all the processes together (each shard holds its share).
+    load = {**shards[0]["run"].get("load", {}), "rate": a.rate, "max_concurrency": a.max_concurrency,
+            "users": a.users, "warmup": a.warmup}  # fmt: skip
+    summary["run"] = {**shards[0]["run"], "label": a.label, "client_procs": k, "wall_s": wall, "load": load,
                       "shards": [s["run"]["label"] for s in shards],
                       # How far apart the processes were ready: what the barrier kept out of the run.
                       "ready_spread_s": max(ready_at) - min(ready_at)}  # fmt: skip

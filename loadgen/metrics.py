@@ -65,6 +65,24 @@ def bucket_rate(
     return [float(x) / width for x in out]
 
 
+def peak_rate(times: Sequence[float], weights: Sequence[float], duration: float, width: float = 1.0) -> float:
+    """The most ``weights`` any ``width``-second window of the run holds, per second (a window
+    that starts at a chunk holds the most of those that contain it). Fixed buckets would miss a
+    burst that straddles two of them, and split a short run's last one. A run shorter than
+    ``width`` has no such window: its mean rate."""
+    if duration < width or not times:
+        return sum(weights) / duration if duration > 0 else 0.0
+    pairs = sorted(zip(times, weights, strict=True))
+    best, held, j = 0.0, 0.0, 0
+    for t, w in pairs:  # the window [t0, t0 + width) for each chunk time t0, in order
+        held += w
+        while pairs[j][0] <= t - width:
+            held -= pairs[j][1]
+            j += 1
+        best = max(best, held)
+    return best / width
+
+
 def in_flight_series(records: Sequence[RequestRecord]) -> tuple[list[float], list[int]]:
     """Step function of requests in flight: +1 at send, −1 at done (or at the run's end if never)."""
     events: list[tuple[float, int]] = []
@@ -118,7 +136,11 @@ def summarize(
             "sent": len(sent),
             "completed": len(ok),
             "failed": sum(1 for r in sent if r.error_type is not None),
-            "unfinished": [r.index for r in records if not r.finished],
+            # Sent and never ended (a run timeout); those never sent (still waiting for a
+            # concurrency slot when the run ended) are counted apart, so sent = completed +
+            # failed + unfinished.
+            "unfinished": [r.index for r in sent if not r.finished],
+            "not_sent": len(records) - len(sent),
         },
         "duration_s": duration,
         "throughput": {
@@ -126,7 +148,7 @@ def summarize(
             "input_tok_per_s": in_tokens / duration,
             "output_tok_per_s": out_tokens / duration,
             "total_tok_per_s": (in_tokens + out_tokens) / duration,
-            "peak_output_tok_per_s": max(per_sec, default=0.0),
+            "peak_output_tok_per_s": peak_rate(chunk_t, chunk_n, duration),
         },
         "tokens": {"input": in_tokens, "output": out_tokens},
         "latency_s": {k: describe([float(v) for v in vals]) for k, vals in lat.items()},
@@ -150,11 +172,14 @@ def summarize(
     return summary
 
 
+STEADY_MIN_S = 1.0  # a shorter sending window says nothing about a steady state
+
+
 def steady_state(ok: Sequence[RequestRecord], start: float, last_send: float) -> dict[str, Any]:
     """The window from the first send to the last send: load is being added throughout, unlike
     the drain after it. Throughput counts the tokens that arrived inside the window."""
     span = last_send - start
-    if span <= 0:
+    if span < STEADY_MIN_S:  # a burst (rate inf) sends everything at once: no window to speak of
         return {"start_s": start, "end_s": last_send, "output_tok_per_s": None, "completed": 0}
     toks = sum(n for r in ok for t, n in zip(r.chunk_s, r.chunk_tokens) if start <= t <= last_send)
     done = sum(1 for r in ok if r.done_s is not None and r.done_s <= last_send)

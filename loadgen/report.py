@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -36,7 +37,9 @@ def print_table(summary: dict[str, Any], console: Console | None = None) -> None
     req, thr, good = summary["requests"], summary["throughput"], summary["goodput"]
     lines = [
         f"requests: sent {req['sent']}, completed {req['completed']}, failed {req['failed']}, "
-        f"unfinished {len(req['unfinished'])}; duration {summary['duration_s']:.2f} s",
+        f"unfinished {len(req['unfinished'])}"
+        + (f", not sent {req['not_sent']}" if req.get("not_sent") else "")
+        + f"; duration {summary['duration_s']:.2f} s",
         f"throughput: {thr['requests_per_s']:.2f} req/s, input {thr['input_tok_per_s']:.1f} tok/s, "
         f"output {thr['output_tok_per_s']:.1f} tok/s (peak {thr['peak_output_tok_per_s']:.0f} in 1 s), "
         f"total {thr['total_tok_per_s']:.1f} tok/s",
@@ -73,7 +76,19 @@ def _fmt(x: Any, scale: float = 1.0) -> str:
 
 
 def write_json(summary: dict[str, Any], path: Path) -> None:
-    path.write_text(json.dumps(summary, indent=2, default=float))
+    # JSON has no Infinity or NaN (``--rate inf``, an empty percentile): they are written as null.
+    path.write_text(json.dumps(_finite(summary), indent=2, default=float, allow_nan=False))
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float replaced by None (recursively)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def write_jsonl(records: Sequence[RequestRecord], path: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from loadgen.runner import LoadSpec
@@ -44,14 +45,41 @@ def target_spec(a: argparse.Namespace, *, require_target: bool = True) -> Target
     )
 
 
+def _need(ok: bool, message: str) -> None:
+    """A bad argument ends the command with its message (exit status 2), before anything runs."""
+    if not ok:
+        raise SystemExit(f"loadgen: {message}")
+
+
 def workload_spec(a: argparse.Namespace) -> WorkloadSpec:
+    kind = a.workload
+    from_file = kind in ("sharegpt", "trace")
+    _need(not from_file or a.dataset is not None, f"--workload {kind} needs --dataset PATH")
+    _need(a.dataset is None or Path(a.dataset).is_file(), f"--dataset {a.dataset}: no such file")
+    _need(a.num_requests is None or a.num_requests >= 1, f"--num-requests must be >= 1, got {a.num_requests}")
+    _need(a.output_len is None or a.output_len >= 1, f"--output-len must be >= 1, got {a.output_len}")
+    for name in ("input_len", "groups", "per_group", "system_len", "question_len"):
+        value = getattr(a, name)
+        _need(value >= 1, f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    _need(0 <= a.range_ratio < 1, f"--range-ratio must be in [0, 1), got {a.range_ratio}")
+    # Unset: 50 requests of 16 tokens; a trace sends every line and sharegpt each reply's length (0).
+    num = a.num_requests if a.num_requests is not None else 0 if kind == "trace" else 50
+    out = a.output_len if a.output_len is not None else 0 if kind == "sharegpt" else 16
     return WorkloadSpec(
-        a.workload, a.num_requests, a.input_len, a.output_len, a.range_ratio, a.groups, a.per_group,
+        kind, num, a.input_len, out, a.range_ratio, a.groups, a.per_group,
         a.system_len, a.question_len, a.dataset, a.seed,
     )  # fmt: skip
 
 
 def load_spec(a: argparse.Namespace) -> LoadSpec:
+    _need(a.rate > 0, f"--rate must be > 0 (inf: all at once), got {a.rate}")
+    _need(
+        a.max_concurrency is None or a.max_concurrency >= 1, f"--max-concurrency must be >= 1, got {a.max_concurrency}"
+    )
+    _need(a.users is None or a.users >= 1, f"--users must be >= 1, got {a.users}")
+    _need(a.warmup >= 0, f"--warmup must be >= 0, got {a.warmup}")
+    _need(a.duration is None or a.duration > 0, f"--duration must be > 0, got {a.duration}")
+    _need(a.think_time >= 0, f"--think-time must be >= 0, got {a.think_time}")
     return LoadSpec(
         rate=a.rate, process=a.arrival, burstiness=a.burstiness, max_concurrency=a.max_concurrency, users=a.users,
         think_time=a.think_time, duration=a.duration, warmup=a.warmup, seed=a.seed, run_timeout=a.run_timeout,

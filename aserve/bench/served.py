@@ -50,6 +50,11 @@ def _model_path(model: str | None, work: Path, tokenizer_dir: str, shape: str = 
         return Path(model)
     from aserve.bench.checkpoints import build_checkpoint
 
+    if not (Path(tokenizer_dir) / "tokenizer.model").is_file():
+        raise SystemExit(
+            f"no tokenizer.model in --tokenizer-dir {tokenizer_dir}: the random-weight checkpoint needs the "
+            "model's sentencepiece tokenizer there (or give --model DIR)"
+        )
     path, _ = build_checkpoint(shape, work, Path(tokenizer_dir))
     return path
 
@@ -203,7 +208,9 @@ def bench_parser(
     ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=out)
     ap.add_argument("--work-dir", default="/tmp/aserve-bench")
-    ap.add_argument("--tokenizer-dir", default=".gpu")
+    ap.add_argument(
+        "--tokenizer-dir", default=".gpu", help="a folder with the model's tokenizer.model (default: %(default)s)"
+    )
     ap.add_argument("--model", default=None, help=f"a checkpoint directory (default: {model_default})")
     return ap
 

@@ -183,3 +183,82 @@ def test_workloads(tmp_path: Path) -> None:
     )
     tr = trace_workload(tok, tmp_path / "trace.jsonl", seed=0)
     assert [it.timestamp for it in tr] == [0.0, 0.5, 1.5] and all(it.prompt_len == 6 for it in tr)
+
+
+def test_counts_add_up_peak_and_a_burst_without_a_steady_state() -> None:
+    """sent = completed + failed + unfinished, with requests never sent counted apart; the peak
+    is over any one-second window (a burst straddling two fixed buckets is not halved), and a
+    burst (everything sent at once) reports no steady state."""
+    a = rec(0, 0.0, [(0.5, 10)], 0.5)
+    b = rec(1, 0.0, [(1.02, 10)], 1.04)
+    stuck = rec(2, 0.0, [], 1.04)
+    stuck.finished = False
+    never = RequestRecord(3, prompt_tokens=10, max_tokens=4, scheduled_s=None)  # waited for a slot; never sent
+    s = summarize([a, b, stuck, never], SLO(), last_send_s=0.0)
+    req = s["requests"]
+    assert req["sent"] == 3 and req["not_sent"] == 1 and req["unfinished"] == [2]
+    assert req["sent"] == req["completed"] + req["failed"] + len(req["unfinished"])
+    thr = s["throughput"]
+    assert thr["output_tok_per_s"] == pytest.approx(20 / 1.04)
+    assert thr["peak_output_tok_per_s"] == 20.0 >= thr["output_tok_per_s"]  # [0.5, 1.5) holds both chunks
+    assert s["steady_state"]["output_tok_per_s"] is None
+
+
+def test_run_json_is_strict_json(tmp_path: Path) -> None:
+    from loadgen.report import write_json
+
+    write_json({"rate": math.inf, "p99": math.nan, "nested": [1.5, -math.inf]}, tmp_path / "r.json")
+    doc = json.loads((tmp_path / "r.json").read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON {c}"))
+    assert doc == {"rate": None, "p99": None, "nested": [1.5, None]}
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--rate", "-1"],
+        ["--max-concurrency", "0"],
+        ["--users", "0"],
+        ["--num-requests", "0"],
+        ["--output-len", "-5"],
+        ["--workload", "sharegpt"],
+        ["--dataset", "/no/such/file.json"],
+    ],
+)
+def test_bad_run_arguments_stop_with_a_message(args: list[str]) -> None:
+    from loadgen.cli import build_parser
+    from loadgen.specs import load_spec, workload_spec
+
+    a = build_parser().parse_args(["run", "--engine", *args])
+    with pytest.raises(SystemExit, match="loadgen: "):
+        workload_spec(a)
+        load_spec(a)
+
+
+def test_no_abbreviated_flags_and_each_client_process_gets_its_share(tmp_path: Path) -> None:
+    from loadgen.cli import build_parser
+    from loadgen.fanout import _child_args
+
+    with pytest.raises(SystemExit):  # `--client` would be taken for --client-procs, in every child too
+        build_parser().parse_args(["run", "--engine", "--client", "2"])
+    argv = ["run", "--base-url", "http://x", "--rate", "8", "--users", "5", "--warmup", "4", "--client-procs", "2"]
+    a = build_parser().parse_args(argv)
+    child = _child_args(argv, 1, 2, tmp_path, "lbl", a)
+    value = {name: child[child.index(name) + 1] for name in ("--rate", "--users", "--warmup", "--shard")}
+    assert value == {"--rate": "4.0", "--users": "3", "--warmup": "2", "--shard": "1/2"}
+    assert child.count("--users") == 1 and "--client-procs" not in child
+
+
+def test_sharegpt_keeps_its_reply_lengths_and_a_trace_all_its_lines(tmp_path: Path) -> None:
+    from loadgen.cli import build_parser
+    from loadgen.specs import workload_spec
+
+    data = tmp_path / "d.json"
+    data.write_text("[]")
+    share = workload_spec(
+        build_parser().parse_args(["run", "--engine", "--workload", "sharegpt", "--dataset", str(data)])
+    )
+    trace = workload_spec(build_parser().parse_args(["run", "--engine", "--workload", "trace", "--dataset", str(data)]))
+    plain = workload_spec(build_parser().parse_args(["run", "--engine"]))
+    assert (share.output_len, share.num_requests) == (0, 50)  # 0: each reply's own length
+    assert trace.num_requests == 0  # 0: every line
+    assert (plain.output_len, plain.num_requests) == (16, 50)

@@ -124,7 +124,9 @@ def test_client_processes_merge_into_one_run(server: ServerProcess, tmp_path: Pa
     assert [s["requests"]["completed"] for s in shards] == [4, 4, 4]
     # Only the parent reads /metrics (around the whole run), not each process between go and send.
     assert [s["server"] for s in shards] == [None, None, None]
-    sends = sorted(json.loads(line)["send_s"] for line in (tmp_path / "fan.jsonl").read_text().splitlines())
+    lines = (tmp_path / "fan.jsonl").read_text().splitlines()
+    assert sorted(json.loads(line)["index"] for line in lines) == list(range(12))  # the workload's own indexes
+    sends = sorted(json.loads(line)["send_s"] for line in lines)
     assert sends[0] >= 0 and sends[-1] < summary["run"]["wall_s"]  # one timeline across the processes
     # They start together: no process is released (or sends) before every one is ready.
     barriers = [s["run"]["barrier"] for s in shards]
