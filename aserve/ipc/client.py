@@ -218,8 +218,30 @@ class EngineClient:
         return await collect_result(reqs, self._tokenizer, self.abort)
 
     async def _wait_all_admitted(self, rids: list[str]) -> None:
+        """Every prompt's admission. If the core refused one (a full queue, say), the others
+        are aborted and the first refusal raised, as one process refuses the whole list before
+        queueing any; the caller gone, they are aborted too."""
+        refused: AserveError | None = None
+        try:
+            for rid in rids:
+                try:
+                    await self._wait_admitted(rid)
+                except AserveError as exc:
+                    refused = refused or exc
+        except BaseException:
+            self._abort_rids(rids)
+            raise
+        if refused is not None:
+            self._abort_rids(rids)
+            raise refused
+
+    def _abort_rids(self, rids: list[str]) -> None:
         for rid in rids:
-            await self._wait_admitted(rid)
+            reqs = self.live.get(rid)
+            if reqs:
+                self.abort(reqs[0])
+            self._admitted.pop(rid, None)
+            self._rejected.pop(rid, None)
 
     def _submit_many(
         self, prompts: Sequence[Prompt], params: SamplingParams, request_id: str | None, *, whole: bool
@@ -294,11 +316,13 @@ class EngineClient:
         self._post(m.Add(rid, list(reqs[0].prompt_ids), params, [r.seed for r in reqs]))
 
     async def _wait_admitted(self, rid: str) -> None:
-        event = self._admitted.get(rid)
-        if event is not None:
-            await event.wait()
+        try:
+            event = self._admitted.get(rid)
+            if event is not None:
+                await event.wait()
+        finally:  # waited for or not (the caller cancelled), the request's entries go
             self._admitted.pop(rid, None)
-        err = self._rejected.pop(rid, None)
+            err = self._rejected.pop(rid, None)
         if err is not None:
             raise err
 
@@ -375,8 +399,23 @@ class EngineClient:
         self._fail_all(self.failure)
         self.failed.set()
 
+    def _forgotten_by_core(self) -> None:
+        """A second Welcome: the core took this front end for gone (it sent nothing for longer
+        than the core's timeout: a stopped or starved process) and aborted its requests, then
+        met it again. Those requests end here with an error instead of waiting for ever; new
+        ones are served as before."""
+        log.warning("front_end_forgotten_by_core", aborted=sum(len(reqs) for reqs in self.live.values()))
+        self._end_live(
+            errors.RequestAbortedError("the engine core took this front end for gone and aborted its requests")
+        )
+
     def _fail_all(self, error: AserveError) -> None:
         self.broken = error
+        self._end_live(error)
+        self.service_ready.set()  # nobody waits for readiness that will not come
+
+    def _end_live(self, error: AserveError) -> None:
+        """Every live request ends with ``error``; whoever waits for an admission wakes."""
         for reqs in list(self.live.values()):
             for req in reqs:
                 if req.cell is not None and not req.finished:
@@ -385,7 +424,6 @@ class EngineClient:
         self.live.clear()
         for event in self._admitted.values():
             event.set()
-        self.service_ready.set()  # nobody waits for readiness that will not come
 
     async def _receive_loop(self) -> None:
         while True:
@@ -416,6 +454,8 @@ class EngineClient:
                 if event is not None:
                     event.set()
             elif isinstance(msg, m.Welcome):
+                if self._welcomed.is_set():
+                    self._forgotten_by_core()
                 self._welcome = msg
                 self._last_status = time.monotonic()
                 self._welcomed.set()

@@ -255,3 +255,65 @@ async def test_a_loop_held_up_longer_than_the_timeouts_drops_nobody(
                 time.sleep(2.0)  # noqa: ASYNC251 - the point: the whole loop held up, longer than both timeouts
         assert len(ids) == 40
         assert b"fe-a" in core.front_ends and not client.dead.is_set()
+
+
+async def test_a_refused_prompt_list_leaves_nothing_running_or_remembered(
+    tiny_llama: tuple[Path, Any], tmp_path: Path
+) -> None:
+    """Over IPC a list of prompts is admitted prompt by prompt: when the core refuses one (a
+    full queue), the ones it took are aborted, as one process refuses the whole list before
+    queueing any, and the client forgets every prompt's admission (they used to run on
+    unread, and their entries stayed)."""
+    address = f"ipc://{tmp_path}/core"
+    cfg = aserve.EngineConfig(model=str(tiny_llama[0]), warmup=False, max_waiting_requests=2, max_running_requests=1)
+    long = aserve.SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    async with (
+        aserve.Engine(cfg) as engine,
+        CoreService(engine, address).running(),
+        EngineClient(address, name="fe-a") as client,
+    ):
+        with anyio.fail_after(60):
+            await client.service_ready.wait()
+            busy = client.open_stream([1, 2, 3], long)  # runs; the queue holds 2 more at most
+            await busy.admitted()
+            for _ in range(3):
+                stream = client.open_streams([[1, 5, 6], [1, 7, 8], [1, 9, 10]], long)
+                with pytest.raises(aserve.EngineOverloadedError):
+                    await stream.admitted()
+                with pytest.raises(aserve.EngineOverloadedError):
+                    await client.complete_many([[1, 5, 6], [1, 7, 8], [1, 9, 10]], long)
+            with anyio.fail_after(10):  # the prompts the core took are aborted: none waits behind `busy`
+                while engine.scheduler.waiting:
+                    await anyio.sleep(0.02)
+            assert len(engine.scheduler.running) == 1
+            await busy.aclose()
+            while engine.scheduler.running or engine.scheduler.waiting:
+                await anyio.sleep(0.05)
+        assert not client.live and not client._admitted and not client._rejected
+        assert engine.ledger().all_free
+
+
+async def test_a_front_end_the_core_took_for_gone_ends_its_requests(
+    tiny_llama: tuple[Path, Any], tmp_path: Path
+) -> None:
+    """The core drops a front end it has not heard from in time (a stopped process) and
+    aborts its requests; when that front end is heard again the core welcomes it anew. The
+    front end then ends those requests with an error (they used to wait for ever) and serves
+    new ones."""
+    address = f"ipc://{tmp_path}/core"
+    params = aserve.SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
+    async with (
+        aserve.Engine(model=str(tiny_llama[0]), warmup=False) as engine,
+        CoreService(engine, address).running() as core,
+        EngineClient(address, name="fe-a") as client,
+    ):
+        with anyio.fail_after(60):
+            await client.service_ready.wait()
+            stream = client.open_stream([1, 5, 9], params)
+            await stream.admitted()
+            core.drop(b"fe-a")  # what the core's status loop does after FRONT_END_TIMEOUT_S of silence
+            with pytest.raises(aserve.RequestAbortedError, match="took this front end for gone"):
+                async for _ in stream:
+                    pass
+            ok = await client.complete([1, 5, 9], aserve.SamplingParams(max_tokens=4, temperature=0))
+            assert len(ok.token_ids) == 4 and not client.live
