@@ -218,7 +218,9 @@ async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial() -
     """Depth 3 plans the step after a split one while that one's sampler waits for a commit;
     its inputs must be built in the same stretch as its plan (a penalised decode's pending
     output is decided there). Greedy rows with penalties beside constrained ones, against
-    the same requests run serially."""
+    the same requests run serially. float32 prefills: the steps of the two runs hold
+    different batches (a penalised decode waits out a step at depth 3), and the default
+    bfloat16 prefill's rows depend on the batch."""
     penal = aserve.SamplingParams(max_tokens=24, temperature=0.0, frequency_penalty=1.5, presence_penalty=0.5,
                                   repetition_penalty=1.3, ignore_eos=True)  # fmt: skip
     jobs = [(p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS)]
@@ -226,7 +228,7 @@ async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial() -
     runs = {}
     for overlap, depth in ((False, None), (True, 3)):
         async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap, overlap_depth=depth,
-                                 debug=True) as eng:  # fmt: skip
+                                 debug=True, gguf_prefill="float32") as eng:  # fmt: skip
             runs[depth] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
             assert await _settled(eng)
             assert (eng._loop.planned_ahead > 0) == overlap, eng._loop.planned_ahead
