@@ -2,6 +2,7 @@
 
     python -m aserve.bench.host_step --out host_step.json [--batches 64,256,512]
     python -m aserve.bench.host_step --mixed --out host_mixed.json   # W1-like mixed steps
+    python -m aserve.bench.host_step --constrained --out host_json.json  # a JSON schema's rows
 
 One steady greedy decode step is, on the host: ``Scheduler.schedule()`` (plan),
 ``build_inputs`` on the CUDA-graph fast path plus the step's snapshot of its sequences
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import random
 import statistics
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ from typing import Any
 import anyio
 import torch
 
+from aserve.bench.device_bench import STRUCTURED_BENCH_SCHEMA
 from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import DeviceEvent
 from aserve.device.future_map import FutureMap
@@ -37,7 +40,9 @@ from aserve.engine.cell import OutputCell
 from aserve.engine.commit import Committer
 from aserve.kv.pool import KVPool
 from aserve.models.config import ModelConfig
-from aserve.sampling_params import SamplingParams
+from aserve.sampling.grammar import Grammars
+from aserve.sampling.masks import MaskFiller, fill_masks
+from aserve.sampling_params import SamplingParams, StructuredOutputs
 from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
 
@@ -67,61 +72,97 @@ def _host_parts(
     return pool, sched, graphs, runner, committer
 
 
-def bench_batch(batch: int, steps: int, prompt_len: int = 128) -> dict[str, Any]:
+def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammars | None = None) -> dict[str, Any]:
+    """Steady greedy decode steps of ``batch`` requests; with ``grammars``, every request is
+    constrained by :data:`STRUCTURED_BENCH_SCHEMA` (the device bench's) and each step also
+    fills the rows' masks (timed apart: on the GPU that runs on the fill's pool while the
+    loop waits) and commits, for every row, a token its mask allows (seeded, per row)."""
     _, sched, graphs, runner, committer = _host_parts(batch, prompt_len + steps + 128, radix_cache=False)
-    params = SamplingParams(max_tokens=steps + 64, temperature=0)
+    spec = None if grammars is None else StructuredOutputs(json=STRUCTURED_BENCH_SCHEMA)
+    params = SamplingParams(max_tokens=steps + 64, temperature=0, structured_outputs=spec)
     reqs = []
     for i in range(batch):
         r = Req(rid=f"r{i}", index=0, prompt_ids=list(range(2, prompt_len + 2)), params=params,
                 max_new_tokens=steps + 64, seed=0, stop_ids=frozenset({1}))  # fmt: skip
         r.cell = OutputCell(wake_every=0)  # complete(): woken at the end only
+        if grammars is not None and spec is not None:
+            r.grammar = grammars.state(spec)
         sched.add(r)
         reqs.append(r)
     done = DeviceEvent("done")
     done._complete()  # the device work is left out: every step's events have passed
-    tokens = StepOutputs(token_ids=[7] * batch)
+    picks = [random.Random(i) for i in range(batch)]
+    fill_us: list[float] = []
+
+    def tokens_for(plan: Plan, host: Any) -> StepOutputs:
+        """Token 7 for every row, or with grammars a token each constrained row's mask allows."""
+        reqs = plan.reqs()
+        out = [7] * len(reqs)
+        if grammars is None:
+            return StepOutputs(token_ids=out)
+        rows = host.grammar_rows
+        t0 = time.perf_counter()
+        masks = fill_masks([g for _, g in rows])
+        fill_us.append((time.perf_counter() - t0) * 1e6)
+        for k, (i, _) in enumerate(rows):
+            words = (masks[k] != 0).nonzero().flatten().tolist()
+            pick = picks[int(reqs[i].rid[1:])]
+            w = pick.choice(words)
+            bits = int(masks[k, w]) & 0xFFFFFFFF
+            out[i] = 32 * w + pick.choice([b for b in range(32) if bits >> b & 1])
+        return StepOutputs(token_ids=out)
 
     def launch(plan: Plan, index: int) -> Any:
         host = build_inputs(plan, graphs)
         step = runner._step(index, plan, done, done, done, [host])
-        step.outputs = tokens
+        step.grammar_rows = host.grammar_rows
         for r in plan.reqs():
             r.inflight += 1
-        return step
+        return step, host
 
     index = 0
     while not all(r.output_ids for r in reqs):  # the prefills, a token budget a step
         first = sched.schedule(False)
         assert isinstance(first, Plan)
-        committer.commit(launch(first, index))
+        step, host = launch(first, index)
+        step.outputs = tokens_for(first, host)
+        committer.commit(step)
         index += 1
     plan_us, launch_us, commit_us = [], [], []
+    fill_us.clear()  # the prefill steps' fills are not the steady state's
     before = committer.output_tokens
     for i in range(index, index + steps):
         t0 = time.perf_counter()
         plan = sched.schedule(False)
         t1 = time.perf_counter()
         assert isinstance(plan, Plan) and plan.num_decodes == batch
-        step = launch(plan, i)
+        step, host = launch(plan, i)
+        assert grammars is None or len(host.grammar_rows) == batch, "every row is constrained"
         t2 = time.perf_counter()
+        step.outputs = tokens_for(plan, host)  # with grammars: the fill, timed apart
+        tc = time.perf_counter()
         committer.commit(step)
         t3 = time.perf_counter()
         assert committer.output_tokens == before + batch, "every request commits one token a step"
         before = committer.output_tokens
         plan_us.append((t1 - t0) * 1e6)
         launch_us.append((t2 - t1) * 1e6)
-        commit_us.append((t3 - t2) * 1e6)
+        commit_us.append((t3 - tc) * 1e6)
         for r in reqs:  # complete() takes its tokens at the end; this run never ends
             assert r.cell is not None
             r.cell.take_nowait()
 
     med = statistics.median
     p, lu, c = med(plan_us), med(launch_us), med(commit_us)
-    return {
+    out: dict[str, Any] = {
         "batch": batch, "steps": steps, "plan_us": p, "launch_host_us": lu, "commit_us": c,
         "total_us": p + lu + c, "per_request_us": (p + lu + c) / batch,
         "plan_us_per_req": p / batch, "launch_host_us_per_req": lu / batch, "commit_us_per_req": c / batch,
     }  # fmt: skip
+    if grammars is not None:
+        out.update(fill_us=med(fill_us), fill=grammars.filler.spec, mask_cache_hits=grammars.masks.hits,
+                   mask_cache_misses=grammars.masks.misses)  # fmt: skip
+    return out
 
 
 def bench_mixed(batch: int, steps: int, seed: int = 4, warmup: int = 100) -> dict[str, Any]:
@@ -129,8 +170,6 @@ def bench_mixed(batch: int, steps: int, seed: int = 4, warmup: int = 100) -> dic
     tokens from a queue of thousands, so most steps decode and some (a request ended, the next
     admitted) also carry a prompt chunk. The prefill graphs' inputs are built too (their ladder
     up to an 8192-token budget); the device work is left out as in :func:`bench_batch`."""
-    import random
-
     from aserve.device.extend_graphs import ExtendGraphs
 
     rnd = random.Random(seed)
@@ -181,6 +220,17 @@ def main() -> None:
     ap.add_argument("--batches", default="64,256,512")
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--mixed", action="store_true", help="W1-like steps (decodes plus a prompt chunk) at batch 256")
+    ap.add_argument(
+        "--constrained",
+        action="store_true",
+        help="every request constrained by the device bench's JSON schema (the default model's tokenizer)",
+    )
+    ap.add_argument(
+        "--fill", default=None, help="with --constrained: the mask fill (serial, executor:N; default: the engine's)"
+    )
+    ap.add_argument(
+        "--tokenizer-dir", default=None, help="with --constrained: a tokenizer directory instead of the default GGUF's"
+    )
     args = ap.parse_args()
     if args.mixed:
 
@@ -198,8 +248,16 @@ def main() -> None:
                 )
         return
 
+    grammars = None
+    if args.constrained:
+        from aserve.bench.mask_fill import _tokenizer
+
+        tok = _tokenizer(args.tokenizer_dir)
+        filler = MaskFiller(args.fill) if args.fill else MaskFiller.for_device("cuda")
+        grammars = Grammars(tok, tok.vocab_size, filler=filler)
+
     async def run() -> list[dict[str, Any]]:  # steps carry awaitables: build them on a loop
-        return [bench_batch(int(b), args.steps) for b in args.batches.split(",")]
+        return [bench_batch(int(b), args.steps, grammars=grammars) for b in args.batches.split(",")]
 
     rows = anyio.run(run)
     results = {
@@ -207,10 +265,12 @@ def main() -> None:
         "machine": platform.machine(), "processor": platform.processor(), "batches": rows,
     }  # fmt: skip
     Path(args.out).write_text(json.dumps(results, indent=1))
-    print(f"{'batch':>6}{'plan us':>10}{'launch us':>11}{'commit us':>11}{'total us':>10}{'us/req':>8}")
+    fill = f"{'fill us':>9}" if grammars else ""
+    print(f"{'batch':>6}{'plan us':>10}{'launch us':>11}{'commit us':>11}{'total us':>10}{'us/req':>8}{fill}")
     for r in rows:
+        fill = f"{r['fill_us']:>9.0f}" if grammars else ""
         print(f"{r['batch']:>6}{r['plan_us']:>10.0f}{r['launch_host_us']:>11.0f}{r['commit_us']:>11.0f}"
-              f"{r['total_us']:>10.0f}{r['per_request_us']:>8.2f}")  # fmt: skip
+              f"{r['total_us']:>10.0f}{r['per_request_us']:>8.2f}{fill}")  # fmt: skip
 
 
 if __name__ == "__main__":
