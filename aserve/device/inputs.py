@@ -256,8 +256,9 @@ def build_inputs(plan: Plan, graphs: DecodeGraphs | None, xgraphs: ExtendGraphs 
 def _all_plain_greedy(plan: Plan) -> bool:
     """Every token the step samples is the plain argmax (no penalty, bias, logprobs, grammar,
     or stop ids banned under min_tokens); a prompt's non-final chunk samples nothing. (A
-    block's members have no grammar and no min_tokens.)"""
-    return (plan.block is None or plan.block.greedy) and all(
+    block's members have no min_tokens.)"""
+    block = plan.block
+    return (block is None or (block.greedy and not block.grammar_idx)) and all(
         not s.samples or (s.req.params.is_plain_greedy and s.output_index >= s.req.params.min_tokens)
         for s in plan.extra
     )
@@ -269,9 +270,10 @@ def _sampling_inputs(plan: Plan) -> tuple[SamplingInputs, list[tuple[int, int, i
     sampling = SamplingInputs([], [], [], [], [], [], [])
     pending: list[tuple[int, int, int]] = []
     decode = -1
-    if (block := plan.block) is not None:  # no penalty, grammar or min_tokens among them
+    if (block := plan.block) is not None:  # no penalty or min_tokens among them
         reqs = block.reqs
         n = len(reqs)
+        sampling.grammar.extend(zip(block.grammar_idx, block.grammars, strict=True))  # the block leads: row = index
         sampling.params.extend(r.params for r in reqs)
         sampling.seeds.extend(r.seed for r in reqs)
         sampling.steps.extend(block.output_index)
@@ -316,7 +318,7 @@ def _graph_fast_inputs(plan: Plan, graphs: DecodeGraphs | None) -> StepInputs | 
         return None
     block = plan.block
     if block is not None:
-        if not plan.extra:
+        if not plan.extra:  # its constrained members' masks are applied to the graph's logits
             return _block_graph_inputs(block, graphs) if block.greedy else None
         if not block.greedy or any(s.input_ids is not None for s in plan.extra):
             return None  # a prompt chunk in the step: not a decode graph's (and no SeqPlans built)
@@ -348,8 +350,14 @@ def _block_graph_inputs(block: DecodeBlock, graphs: DecodeGraphs) -> StepInputs 
     graph_in = graphs.host_inputs(block.rows, block.positions, block.slots)
     if graph_in is None:
         return None
-    flat, spans = pack_int64({"rows": block.rows, "gens": block.gens, "graph_in": graph_in})
-    return StepInputs(flat, spans, block.positions, [1] * len(block), None)
+    fields = {"rows": block.rows, "gens": block.gens, "graph_in": graph_in}
+    if not block.grammar_idx:
+        flat, spans = pack_int64(fields)
+        return StepInputs(flat, spans, block.positions, [1] * len(block), None)
+    fields["mask_rows"] = block.grammar_idx
+    flat, spans = pack_int64(fields)
+    return StepInputs(flat, spans, block.positions, [1] * len(block), None, grammar=list(block.grammars),
+                      mask_rows=block.grammar_idx)  # fmt: skip
 
 
 def pack_int64(fields: dict[str, list[int]]) -> tuple[torch.Tensor, dict[str, tuple[int, int]]]:

@@ -45,11 +45,25 @@ class Committer:
         token_ids, with_logprobs = outs.token_ids, outs.logprobs is not None
         now = time.perf_counter()
         # The block's plain decodes lead (indexes 0..n-1), the entries follow (n..).
-        n = 0
-        if step.block is not None:
-            n = len(step.block)
-            self._commit_block(step.block, token_ids[:n] if step.entries else token_ids, now)
-        entries = step.entries
+        block, entries = step.block, step.entries
+        n = 0 if block is None else len(block)
+        # The step's grammar rows (known since launch) advance first, together (advance_all):
+        # one call for all, on the fill's pool at a large batch. Each request appears once in a
+        # step and nothing below touches another's matcher, so this is what advancing each in
+        # turn within the loop gave. A finished request's row is overshoot: not advanced.
+        advanced: dict[int, bool] = {}
+        if step.grammar_rows:
+            rows = [
+                (i, g)
+                for i, g in step.grammar_rows
+                if (entries[i - n].req if i >= n else block.reqs[i]).finish_reason is None  # type: ignore[union-attr]
+            ]
+            if rows:
+                ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
+                advanced = {i: took for (i, _), took in zip(rows, ok, strict=True)}
+        if block is not None:
+            block_tokens = token_ids[:n] if entries else token_ids
+            self._commit_block(block, block_tokens, now, advanced)
         # Before the entries: the last prompt chunk's logprobs must be whole when its first
         # token reaches the cell.
         row = 0
@@ -58,15 +72,6 @@ class Committer:
             if req.finish_reason is None:
                 self._prompt_logprobs(req, outs, row, first, count)
             row += count
-        # The step's grammar rows (known since launch) advance first, together (advance_all):
-        # one call for all, on the fill's pool at a large batch. Each request appears once in a
-        # step and nothing below touches another's matcher, so this is what advancing each in
-        # turn within the loop gave. A finished request's row is overshoot: not advanced.
-        rows = [(i, g) for i, g in step.grammar_rows if entries[i - n].req.finish_reason is None]
-        advanced: dict[int, bool] = {}
-        if rows:
-            ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
-            advanced = {i: took for (i, _), took in zip(rows, ok, strict=True)}
         for i, entry in enumerate(entries, start=n):
             req = entry.req
             req.inflight -= 1
@@ -97,18 +102,19 @@ class Committer:
             if req.finish_reason is not None:
                 self.scheduler.release_if_done(req)
 
-    def _commit_block(self, block: DecodeBlock, token_ids: list[int], now: float) -> None:
-        """A step of plain decodes (no logprobs, stop strings, grammar or ``min_tokens``):
-        ``_append`` with the branches these requests never take left out. A row's generation
-        cannot change while a step in flight holds its request (rows return at the safe
-        point), so the general path's generation check runs here in debug mode only."""
+    def _commit_block(self, block: DecodeBlock, token_ids: list[int], now: float, advanced: dict[int, bool]) -> None:
+        """A block's decodes (no logprobs, stop strings or ``min_tokens``; a grammar maybe,
+        already advanced: ``advanced`` by index): ``_append`` with the branches these
+        requests never take left out. A row's generation cannot change while a step in
+        flight holds its request (rows return at the safe point), so the general path's
+        generation check runs here in debug mode only."""
         reqs = block.reqs
         if self.scheduler.config.debug:
             for req, gen in zip(reqs, block.gens, strict=True):
                 assert req.finish_reason is not None or req.generation == gen, f"{req.rid}: row generation changed"
         committed = 0
         release = self.scheduler.release_if_done
-        for req, token in zip(reqs, token_ids, strict=True):
+        for i, (req, token) in enumerate(zip(reqs, token_ids, strict=True)):
             req.inflight -= 1
             assert req.inflight >= 0, f"{req.rid}: more commits than launches"
             if req.finish_reason is not None:  # overshoot: dropped
@@ -122,12 +128,19 @@ class Committer:
             cell = req.cell
             assert cell is not None, f"{req.rid} was admitted without an output cell"
             cell.push(token, None)
-            if token in req.stop_ids:
+            grammar = req.grammar
+            if grammar is not None and not advanced[i]:  # as in _append
+                log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar.error)
+                self.finish(req, "stop")
+            elif token in req.stop_ids:
                 self.finish(req, "stop", token if token in req.params.stop_token_ids else None)
-                release(req)
+            elif grammar is not None and grammar.done:
+                self.finish(req, "stop")
             elif len(outputs) >= req.max_new_tokens:
                 self.finish(req, "length")
-                release(req)
+            else:
+                continue
+            release(req)
         self.output_tokens += committed
 
     @staticmethod

