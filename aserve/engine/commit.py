@@ -41,26 +41,40 @@ class Committer:
         self.output_tokens = 0
 
     def commit(self, step: Step) -> None:
+        self.finish_commit(step, self.advance(step))
+
+    def advance(self, step: Step) -> dict[int, bool]:
+        """The commit's first part: the step's grammar rows (known since launch) advance, all
+        together (advance_all: one call, on the fill's pool at a large batch). Returns whether
+        each row's grammar took its token, by the row's index in the step.
+
+        Each request appears once in a step and nothing in :meth:`finish_commit` touches a
+        matcher, so this is what advancing each in turn within the loop gave. The matchers are
+        all a split step's masks read: the step loop fills them and launches that step's
+        sampler between the two parts. A finished request's row is overshoot: not advanced."""
+        if not step.grammar_rows:
+            return {}
+        token_ids = step.read_outputs().token_ids
+        block, entries = step.block, step.entries
+        n = 0 if block is None else len(block)
+        rows = [
+            (i, g)
+            for i, g in step.grammar_rows
+            if (entries[i - n].req if i >= n else block.reqs[i]).finish_reason is None  # type: ignore[union-attr]
+        ]
+        if not rows:
+            return {}
+        ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
+        return {i: took for (i, _), took in zip(rows, ok, strict=True)}
+
+    def finish_commit(self, step: Step, advanced: dict[int, bool]) -> None:
+        """The rest of the commit, after :meth:`advance`: outputs, stops, cells, releases."""
         outs = step.read_outputs()
         token_ids, with_logprobs = outs.token_ids, outs.logprobs is not None
         now = time.perf_counter()
-        # The block's plain decodes lead (indexes 0..n-1), the entries follow (n..).
+        # The block's decodes lead (indexes 0..n-1), the entries follow (n..).
         block, entries = step.block, step.entries
         n = 0 if block is None else len(block)
-        # The step's grammar rows (known since launch) advance first, together (advance_all):
-        # one call for all, on the fill's pool at a large batch. Each request appears once in a
-        # step and nothing below touches another's matcher, so this is what advancing each in
-        # turn within the loop gave. A finished request's row is overshoot: not advanced.
-        advanced: dict[int, bool] = {}
-        if step.grammar_rows:
-            rows = [
-                (i, g)
-                for i, g in step.grammar_rows
-                if (entries[i - n].req if i >= n else block.reqs[i]).finish_reason is None  # type: ignore[union-attr]
-            ]
-            if rows:
-                ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
-                advanced = {i: took for (i, _), took in zip(rows, ok, strict=True)}
         if block is not None:
             block_tokens = token_ids[:n] if entries else token_ids
             self._commit_block(block, block_tokens, now, advanced)
@@ -129,7 +143,7 @@ class Committer:
             assert cell is not None, f"{req.rid} was admitted without an output cell"
             cell.push(token, None)
             grammar = req.grammar
-            if grammar is not None and not advanced[i]:  # as in _append
+            if grammar is not None and advanced.get(i) is False:  # as in _append
                 log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar.error)
                 self.finish(req, "stop")
             elif token in req.stop_ids:

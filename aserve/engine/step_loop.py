@@ -31,6 +31,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -92,6 +93,12 @@ class StepLoop:
         # steps before it, and a wake-up for the planner, which launches nothing meanwhile (the
         # next forward reads that sampler's tokens). ``split_masks``: whether steps may split.
         self.split_masks = scheduler.config.constrained_lookahead
+        # Launch a split step's sampler between the two parts of the commit before it (the
+        # grammar advance, then the rest), not after the whole commit. ``ASERVE_EARLY_SAMPLER=0``
+        # waits for the whole commit, kept to measure one against the other.
+        self.early_sampler = os.environ.get("ASERVE_EARLY_SAMPLER", "1") != "0"
+        self.early_samplers = 0  # split steps' samplers launched between a commit's two parts
+        self.launched_behind = 0  # ... with the next step launched before that commit's second part
         self._deferred: Step | None = None
         self._sampled = Signal()
         self.planned_ahead = 0  # steps planned while a split step's sampler waited (depth 3)
@@ -273,19 +280,37 @@ class StepLoop:
                     )
                     return
                 t0 = time.perf_counter()
+                deferred = self._deferred
                 try:
                     if self.debug:
                         self._track_pages(step, None, -1)
-                    self.committer.commit(step)
+                    if self.early_sampler and deferred is not None and self._uncommitted == {step, deferred}:
+                        # The last step before a split one: once its grammar rows have advanced
+                        # (all the split step's masks read), that step's sampler goes, and the
+                        # step planned meanwhile (depth 3) is launched behind it, before the rest
+                        # of this commit, which the device then no longer waits for.
+                        advanced = self.committer.advance(step)
+                        commit_s = time.perf_counter() - t0
+                        if not self._finish_launch(deferred):
+                            return
+                        self.early_samplers += 1
+                        launched = len(self._launched_at)
+                        await anyio.lowlevel.checkpoint()
+                        self.launched_behind += len(self._launched_at) > launched
+                        t1 = time.perf_counter()
+                        self.committer.finish_commit(step, advanced)
+                        commit_s += time.perf_counter() - t1
+                    else:
+                        self.committer.commit(step)
+                        commit_s = time.perf_counter() - t0
                 except Exception as exc:
                     self._fail_everything(f"committing step {step.index} raised {exc!r}", exc)
                     return
-                commit_s = time.perf_counter() - t0
-                step.committed.set(t0 + commit_s)
+                step.committed.set(time.perf_counter())
                 self._uncommitted.discard(step)
                 self._launched_at.popleft()
-                deferred = self._deferred
                 # Every step before a split one is committed: its masks can be filled now.
+                deferred = self._deferred
                 if deferred is not None and self._uncommitted == {deferred} and not self._finish_launch(deferred):
                     return
                 self.recorder.record(step, commit_s, t0)

@@ -165,16 +165,19 @@ async def test_a_bad_grammar_is_a_typed_error_before_anything_runs(engine: aserv
     assert engine.ledger().all_free
 
 
-async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -> None:
+async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off(monkeypatch: pytest.MonkeyPatch) -> None:
     jobs = [
         (p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS * 2)
     ]
     texts = {}
     # Depth 3 (CUDA's default): the step after a split one is planned while that one's
-    # sampler waits for the commit before it (StepLoop.planned_ahead).
-    for overlap, depth in ((False, None), (True, 2), (True, 3)):
-        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap, overlap_depth=depth,
-                                 debug=True) as eng:  # fmt: skip
+    # sampler waits for the commit before it (StepLoop.planned_ahead), and launched between
+    # that commit's grammar advance and its rest (StepLoop.launched_behind); "late": the
+    # sampler and that launch wait for the whole commit (ASERVE_EARLY_SAMPLER=0).
+    for overlap, depth in ((False, None), (True, 2), (True, 3), (True, "late")):
+        monkeypatch.setenv("ASERVE_EARLY_SAMPLER", "0" if depth == "late" else "1")
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap,
+                                 overlap_depth=3 if depth == "late" else depth, debug=True) as eng:  # fmt: skip
             states: list[list[str]] = []
             split: list[Any] = []
 
@@ -198,7 +201,10 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -
             # Under overlap, constrained steps launch in two (the sampler after the commit its
             # masks need); serially there is never an earlier step in flight.
             assert (eng.runner.split_steps > 0) == overlap, eng.runner.split_steps
-            assert (eng._loop.planned_ahead > 0) == (depth == 3), eng._loop.planned_ahead
+            loop = eng._loop
+            assert (loop.planned_ahead > 0) == (depth in (3, "late")), loop.planned_ahead
+            assert (loop.early_samplers > 0) == (overlap and depth != "late"), loop.early_samplers
+            assert (loop.launched_behind > 0) == (depth == 3), loop.launched_behind
             assert states and all(len(s) == 4 for s in states)
             # A split step's device time leaves out its wait between forward and sampler, which
             # counts as idle (the events' host stamps on a CPU).
@@ -211,7 +217,7 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off() -
                 rec = records[step.index]
                 assert waited >= 0 and rec.device_busy_s == pytest.approx(span - waited)
                 assert rec.device_gap_s is not None and rec.device_gap_s >= waited
-    assert texts[None] == texts[2] == texts[3]
+    assert texts[None] == texts[2] == texts[3] == texts["late"]
 
 
 async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial() -> None:
