@@ -228,6 +228,19 @@ def _run(
     return planned, outputs, pool.ledger(sched.prefix.num_cached_pages), blocks
 
 
+def _with_and_without_batch(spec: dict[str, Any], ref_spec: dict[str, Any] | None = None) -> tuple[Any, Any]:
+    """``_run(spec)``, and ``_run(ref_spec or spec)`` with the batch switched off."""
+
+    async def both() -> tuple[Any, Any]:
+        got = _run(spec)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(decode_batch, "is_plain", lambda r: False)
+            ref = _run(spec if ref_spec is None else ref_spec)
+        return got, ref
+
+    return anyio.run(both)
+
+
 _KINDS = st.sampled_from(["plain", "plain", "plain", "penalty", "sampled", "min_tokens", "logprobs", "constrained",
                          "constrained_sampled"])  # fmt: skip
 _spec = st.fixed_dictionaries(
@@ -253,14 +266,7 @@ _spec = st.fixed_dictionaries(
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec=_spec)
 def test_the_batch_plans_what_the_one_by_one_path_plans(spec: dict[str, Any]) -> None:
-    async def both() -> tuple[Any, Any]:
-        got = _run(spec)
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(decode_batch, "is_plain", lambda r: False)
-            ref = _run(spec)
-        return got, ref
-
-    (planned, outputs, ledger, _), (ref_planned, ref_outputs, _, ref_blocks) = anyio.run(both)
+    (planned, outputs, ledger, _), (ref_planned, ref_outputs, _, ref_blocks) = _with_and_without_batch(spec)
     assert not any(b for b, _ in ref_blocks)
     assert outputs == ref_outputs
     if not spec["radix"]:  # with the prefix cache, eviction order may differ (both valid)
@@ -277,14 +283,7 @@ def test_an_allocator_that_refuses_delays_requests_but_changes_no_token(spec: di
     member of the batch refused at once once gave a step with no sequences, which ended the
     engine.)"""
 
-    async def both() -> tuple[Any, Any]:
-        got = _run({**spec, "refuse": refuse})
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(decode_batch, "is_plain", lambda r: False)
-            ref = _run(spec)
-        return got, ref
-
-    (_, outputs, ledger, _), (_, ref_outputs, _, _) = anyio.run(both)
+    (_, outputs, ledger, _), (_, ref_outputs, _, _) = _with_and_without_batch({**spec, "refuse": refuse}, spec)
     # A request refused while nothing else runs ends (the allocator disagrees with its own
     # count, and no commit would ever wake the planner), as does one the spec aborts; every
     # request that did not end so has the fault-free run's tokens.
@@ -346,14 +345,7 @@ def test_constrained_decodes_join_the_block_when_their_steps_may_split(split: bo
             "stop_every": 0, "depth": 3, "split": split,
             "reqs": [(5, 40, "constrained"), (7, 40, "constrained_sampled"), (3, 30, "plain")], "aborts": []}  # fmt: skip
 
-    async def both() -> tuple[Any, Any]:
-        got = _run(spec)
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(decode_batch, "is_plain", lambda r: False)
-            ref = _run(spec)
-        return got, ref
-
-    (_, outputs, ledger, blocks), (_, ref_outputs, _, _) = anyio.run(both)
+    (_, outputs, ledger, blocks), (_, ref_outputs, _, _) = _with_and_without_batch(spec)
     assert outputs == ref_outputs
     assert outputs["r0"][0] == outputs["r1"][0] == "stop" and outputs["r2"] == ("length", outputs["r2"][1])
     if split:  # after the prefills, one block (3 members, then fewer as they end)
