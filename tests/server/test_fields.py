@@ -434,9 +434,11 @@ def test_tokenize_detokenize(server: ServerProcess, tokenizer: Any) -> None:
 
 def test_sse_keepalive_while_waiting(server: ServerProcess, client: openai.OpenAI) -> None:
     """A prefill keeps the first token waiting for more than a keep-alive interval; the
-    stream says `: keep-alive` meanwhile, and the openai client reads through the comments."""
+    stream says `: keep-alive` meanwhile, and the openai client reads through the comments.
+    1600 prompt tokens take ~1.4 s on this project's 2-core VM (400 took 0.36-0.39 s, too
+    close to the 0.3 s interval: an idle CI machine answered first)."""
     rng = random.Random(len(server.base_url))
-    prompt = [rng.randrange(1000, 20000) for _ in range(400)]  # fresh ids: no prefix cache hit
+    prompt = [rng.randrange(1000, 20000) for _ in range(1600)]  # fresh ids: no prefix cache hit
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.base_url + "/v1/completions", json=body, headers=AUTH, timeout=120) as r:
         assert r.status_code == 200
@@ -444,7 +446,7 @@ def test_sse_keepalive_while_waiting(server: ServerProcess, client: openai.OpenA
     assert ": keep-alive\n\n" in raw[: raw.index("data: ")], raw[:200]
     events, done = parse_sse(raw)
     assert done and [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == "length"
-    prompt = [rng.randrange(1000, 20000) for _ in range(400)]
+    prompt = [rng.randrange(1000, 20000) for _ in range(1600)]
     chunks = list(client.completions.create(model=MODEL, prompt=prompt, max_tokens=2, stream=True,
                                             extra_body={"ignore_eos": True}))  # fmt: skip
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
