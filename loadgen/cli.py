@@ -6,6 +6,7 @@ import argparse
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,7 +18,7 @@ from rich.console import Console
 
 from loadgen import plots, report
 from loadgen.metrics import SLO
-from loadgen.runner import LoadSpec
+from loadgen.runner import LoadSpec, Stopper, stop_on_signal
 from loadgen.session import build_workload, open_target, run_once, save_run
 from loadgen.soak_cmd import add_soak_args
 from loadgen.specs import load_spec, target_spec, workload_spec
@@ -98,6 +99,40 @@ async def cmd_run(a: argparse.Namespace) -> int:
     console = Console()
     runs: list[plots.Run] = []
     points: list[tuple[float, dict[str, Any]]] = []
+    done = False
+    stopper = Stopper()
+
+    def stop(name: str) -> str:
+        at = stopper.stop()
+        when = "" if at is None else f" at t={at:.1f}s"
+        return f"{name}: run stopped{when}; writing what it has (again to abandon)"
+
+    try:
+        async with anyio.create_task_group() as tg:
+            if threading.current_thread() is threading.main_thread():  # signal handlers live there
+                tg.start_soon(stop_on_signal, stop, tg.cancel_scope, name="loadgen.run.signals")
+            await _runs(a, tspec, wspec, steps, shard, slo, stopper, out_dir, console, runs, points)
+            tg.cancel_scope.cancel()
+            done = True
+    except BaseExceptionGroup as group:  # the task group wraps what the runs raised: one error
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    if not done:
+        raise SystemExit("run abandoned by a second signal")
+    if a.plots and len(runs) > 1:
+        plots.cdfs(runs, out_dir / f"{a.label}_cdf_overlay.png")
+        plots.over_time(runs, out_dir / f"{a.label}_over_time_overlay.png")
+        plots.sweep_tradeoff([(lbl, s) for lbl, _, s in runs], out_dir / f"{a.label}_sweep_tput_vs_p99_tpot.png")
+        plots.goodput_vs_rate(points, out_dir / f"{a.label}_sweep_goodput_vs_rate.png")
+    console.print(f"results in {out_dir}")
+    return 0
+
+
+async def _runs(a: argparse.Namespace, tspec: Any, wspec: Any, steps: list[tuple[str, float, LoadSpec]],
+                shard: tuple[int, ...] | None, slo: SLO, stopper: Stopper, out_dir: Path, console: Console,
+                runs: list[plots.Run], points: list[tuple[float, dict[str, Any]]]) -> None:  # fmt: skip
+    """Every point of the sweep and every repeat, each saved as it ends (``runs``, ``points``)."""
     async with open_target(tspec) as (target, tok):
         await target.wait_ready(tspec.ready_timeout)
         items = build_workload(wspec, tok)
@@ -106,6 +141,8 @@ async def cmd_run(a: argparse.Namespace) -> int:
         barrier = await _start_barrier(a.start_barrier) if a.start_barrier else None
         for suffix, value, load in steps:
             for rep in range(a.repeats):
+                if stopper.stopped:  # stopped before this point began: nothing to run
+                    return
                 label = f"{a.label}{suffix}" + (f"_rep{rep}" if a.repeats > 1 else "")
                 meta = {
                     "target": tspec.base_url or "in-process engine",
@@ -119,19 +156,20 @@ async def cmd_run(a: argparse.Namespace) -> int:
                     **({"barrier": barrier} if barrier else {}),
                 }
                 summary, records, warm = await run_once(
-                    target, items, load, slo, label=label, meta=meta, progress=a.progress, scrape=not a.shard
+                    target,
+                    items,
+                    load,
+                    slo,
+                    label=label,
+                    meta=meta,
+                    progress=a.progress,
+                    scrape=not a.shard,
+                    stopper=stopper,
                 )
                 save_run(out_dir, label, summary, records, warm, do_plots=a.plots)
                 report.print_table(summary, console)
                 runs.append((label, records, summary))
                 points.append((value, summary))
-    if a.plots and len(runs) > 1:
-        plots.cdfs(runs, out_dir / f"{a.label}_cdf_overlay.png")
-        plots.over_time(runs, out_dir / f"{a.label}_over_time_overlay.png")
-        plots.sweep_tradeoff([(lbl, s) for lbl, _, s in runs], out_dir / f"{a.label}_sweep_tput_vs_p99_tpot.png")
-        plots.goodput_vs_rate(points, out_dir / f"{a.label}_sweep_goodput_vs_rate.png")
-    console.print(f"results in {out_dir}")
-    return 0
 
 
 async def _start_barrier(ready_file: str) -> dict[str, float]:

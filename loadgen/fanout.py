@@ -20,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -110,12 +111,26 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
     for i in range(k):
         child = _child_args(argv, i, k, shard_dir, a.label, a)
         cmds.append([sys.executable, "-m", "loadgen", *child, "--start-barrier", str(ready[i])])
-    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE) for cmd in cmds]
+    # Each client in its own session: a terminal's Ctrl-C reaches this process only, which
+    # passes it on once (a second one there would make a client give up its results).
+    procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, start_new_session=True) for cmd in cmds]
+    stopped = False
     try:
         t0 = _release_together(procs, ready, a.ready_timeout + 600)
         host0 = host_cpu_jiffies()
-        codes = [p.wait() for p in procs]
-    except BaseException:  # Ctrl-C, or the parent killed: no client keeps sending without it
+        while True:
+            try:
+                codes = [p.wait() for p in procs]
+                break
+            except KeyboardInterrupt:
+                if stopped or t0 is None:
+                    raise
+                stopped = True  # the clients stop, write what they have, and exit
+                print("SIGINT: client processes stopping; merging what they have (again to abandon)", file=sys.stderr)
+                for p in procs:
+                    if p.poll() is None:
+                        p.send_signal(signal.SIGINT)
+    except BaseException:  # a second Ctrl-C, or the parent killed: no client keeps sending without it
         for p in procs:
             p.terminate()
         for p in procs:
@@ -165,16 +180,18 @@ def run_fanout(a: argparse.Namespace, argv: list[str]) -> int:
     # when both run here): near 1.0, the figure is the host's, not the server's.
     busy, total = host1[0] - host0[0], host1[1] - host0[1]
     summary["host"] = {"cpus": os.cpu_count(), "busy_fraction": busy / total if total else None}
-    summary["warnings"] = warnings(summary)
     summary["server"] = delta(before, after)
     ready_at = [s["run"]["barrier"]["ready_perf"] for s in shards]
+    stops = [s["run"]["stopped_at_s"] for s in shards if s["run"].get("stopped_at_s") is not None]
     # The run's load as asked of all the processes together (each shard holds its share).
     load = {**shards[0]["run"].get("load", {}), "rate": a.rate, "max_concurrency": a.max_concurrency,
             "users": a.users, "warmup": a.warmup}  # fmt: skip
     summary["run"] = {**shards[0]["run"], "label": a.label, "client_procs": k, "wall_s": wall, "load": load,
                       "shards": [s["run"]["label"] for s in shards],
                       # How far apart the processes were ready: what the barrier kept out of the run.
-                      "ready_spread_s": max(ready_at) - min(ready_at)}  # fmt: skip
+                      "ready_spread_s": max(ready_at) - min(ready_at),
+                      "stopped_at_s": min(stops) if stops else None}  # fmt: skip
+    summary["warnings"] = warnings(summary)
     out.mkdir(parents=True, exist_ok=True)
     report.write_jsonl(records, out / f"{a.label}.jsonl")
     report.write_json(summary, out / f"{a.label}.json")

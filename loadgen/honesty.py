@@ -26,6 +26,11 @@ def client_view(records: Sequence[RequestRecord], loop_lags: Sequence[tuple[floa
 
 def warnings(summary: dict[str, Any]) -> list[str]:
     out = []
+    stopped = summary.get("run", {}).get("stopped_at_s")
+    if stopped is not None:
+        out.append(
+            f"stopped early at t={stopped:.1f}s (a signal): requests in flight were cancelled, listed as unfinished"
+        )
     client = summary.get("client", {})
     if client.get("client_bottleneck"):
         out.append(

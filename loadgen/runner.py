@@ -7,12 +7,14 @@ lag ticker and the progress display in the outer one, which is cancelled once th
 from __future__ import annotations
 
 import math
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import anyio
+from rich.console import Console
 
 from loadgen.arrivals import arrival_times, count_for_duration
 from loadgen.progress import Progress
@@ -61,6 +63,7 @@ class RunOutput:
     t0_perf: float = 0.0  # perf_counter() at the run's t=0, to line records up with other traces
     notes: list[str] = field(default_factory=list)
     cpu_s: float = 0.0  # this client process's CPU time over the run (all its threads)
+    stopped_at: float | None = None  # the run was stopped early (a signal) at this t
 
 
 class Runner:
@@ -72,13 +75,28 @@ class Runner:
         # around the whole run, and a scrape here would sit between the start and the first send.
         self.scrape = scrape
         self._t0 = time.perf_counter()
+        self.stopped_at: float | None = None  # stop() was called, at this t
+        self._scope: anyio.CancelScope | None = None  # the measured run's, while it runs
+
+    def stop(self) -> None:
+        """End the run early (Ctrl-C): nothing more is sent, requests in flight are cancelled
+        (listed as unfinished), and the run returns what it has. A run not yet started ends at once."""
+        if self.stopped_at is None:
+            self.stopped_at = self.now()
+        if self._scope is not None:
+            self._scope.cancel()
 
     def now(self) -> float:
         return time.perf_counter() - self._t0
 
     async def run(self, items: Sequence[WorkItem]) -> RunOutput:
         spec = self.spec
-        warm = await self._warmup(items[: spec.warmup])
+        with anyio.CancelScope() as warmup_scope:  # stop() ends a warm-up too
+            self._scope = warmup_scope
+            if self.stopped_at is not None:
+                warmup_scope.cancel()
+            warm = await self._warmup(items[: spec.warmup])
+        self._scope = None
         before = await self.target.server_counters() if self.scrape else None
         self._t0 = time.perf_counter()
         cpu0 = time.process_time()
@@ -90,20 +108,25 @@ class Runner:
             watchers.start_soon(self._ticker, lags, name="loadgen.loop_lag")
             watchers.start_soon(progress.loop, name="loadgen.progress")
             with anyio.move_on_after(spec.run_timeout) as scope:
+                self._scope = scope
+                if self.stopped_at is not None:
+                    scope.cancel()
                 async with anyio.create_task_group() as reqs:
                     if spec.users:
                         for u in range(spec.users):
                             reqs.start_soon(self._user, items, records, name=f"loadgen.user{u}")
                     else:
                         await self._open_loop(reqs, items, records)
-            timed_out = scope.cancelled_caught
+            self._scope = None
+            timed_out = scope.cancelled_caught and self.stopped_at is None
             watchers.cancel_scope.cancel()
         progress.close()
         wall = self.now()
         cpu = time.process_time() - cpu0
         after = await self.target.server_counters() if self.scrape else None
         last_send = max((r.send_s for r in records if r.send_s is not None), default=0.0)
-        return RunOutput(records, warm, lags, wall, last_send, before, after, timed_out, t0_perf=self._t0, cpu_s=cpu)
+        return RunOutput(records, warm, lags, wall, last_send, before, after, timed_out, t0_perf=self._t0, cpu_s=cpu,
+                         stopped_at=self.stopped_at)  # fmt: skip
 
     async def _warmup(self, items: Sequence[WorkItem]) -> list[RequestRecord]:
         recs = [RequestRecord(i, it.prompt_len, it.max_tokens, None, warmup=True) for i, it in enumerate(items)]
@@ -174,3 +197,38 @@ class Runner:
             await anyio.sleep(step)
             t = self.now()
             lags.append((t, max(0.0, t - due)))
+
+
+class Stopper:
+    """Ends the run under way, and every later one before it starts, once :meth:`stop` is
+    called (the first Ctrl-C of ``loadgen run``): a sweep's remaining points are not run."""
+
+    def __init__(self) -> None:
+        self.runner: Runner | None = None
+        self.stopped = False
+
+    def attach(self, runner: Runner) -> None:
+        self.runner = runner
+        if self.stopped:
+            runner.stop()
+
+    def stop(self) -> float | None:
+        """Stop; the run's t at the stop (None between runs)."""
+        self.stopped = True
+        if self.runner is None:
+            return None
+        self.runner.stop()
+        return self.runner.stopped_at
+
+
+async def stop_on_signal(stop: Callable[[str], str], scope: anyio.CancelScope) -> None:
+    """The first SIGINT or SIGTERM calls ``stop`` with the signal's name and prints what it
+    returns; a second one cancels ``scope`` (the command gives up, writing nothing more)."""
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        stopped = False
+        async for sig in signals:
+            if stopped:
+                scope.cancel()
+                return
+            stopped = True
+            Console(stderr=True).print(stop(signal.Signals(sig).name), highlight=False)

@@ -13,7 +13,7 @@ from typing import Any
 from loadgen import plots, report
 from loadgen.honesty import client_view, warnings
 from loadgen.metrics import SLO, summarize
-from loadgen.runner import LoadSpec, Runner, Target
+from loadgen.runner import LoadSpec, Runner, Stopper, Target
 from loadgen.server_view import delta
 from loadgen.workloads import (
     TokenizerLike,
@@ -126,10 +126,14 @@ async def run_once(
     meta: dict[str, Any],
     progress: bool = True,
     scrape: bool = True,
+    stopper: Stopper | None = None,
 ) -> tuple[dict[str, Any], list[Any], list[Any]]:
     """Run and summarize; returns (summary, measured records, warm-up records). ``scrape``:
-    read the server's counters just before and after the run."""
-    out = await Runner(target, load, progress=progress, scrape=scrape).run(items)
+    read the server's counters just before and after the run. ``stopper`` can end it early."""
+    runner = Runner(target, load, progress=progress, scrape=scrape)
+    if stopper is not None:
+        stopper.attach(runner)
+    out = await runner.run(items)
     measured = list(out.records)
     fixed_len = meta.get("workload", {}).get("range_ratio", 0) == 0 and meta.get("ignore_eos", True)
     summary = summarize(measured, slo, last_send_s=out.last_send_s, expect_exact=bool(fixed_len))
@@ -144,6 +148,7 @@ async def run_once(
         "t0_perf_counter": out.t0_perf,
         "warmup_requests": len(out.warmup_records),
         "cancelled_at_run_timeout": out.cancelled_at_timeout,
+        "stopped_at_s": out.stopped_at,  # stopped early (a signal): in-flight requests unfinished
         "complete": True,  # we got here: every request ended or was listed as unfinished
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "host": platform.node(),

@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import signal
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,7 @@ from rich.console import Console
 from loadgen import plots, report
 from loadgen.launcher import aserve_process
 from loadgen.procstat import sample_tree
+from loadgen.runner import stop_on_signal
 from loadgen.session import load_tokenizer
 from loadgen.soak import SoakRunner, SoakSpec
 from loadgen.soak_client import ENDPOINTS, Mixer, MixSpec, SoakClient
@@ -87,19 +87,15 @@ async def _server(a: argparse.Namespace, out_dir: Path) -> AsyncIterator[tuple[s
         yield server.base_url, server.pid
 
 
-async def _stop_on_signal(runner: SoakRunner, scope: anyio.CancelScope) -> None:
+def _stop_soak(runner: SoakRunner) -> Callable[[str], str]:
     """The first SIGINT or SIGTERM ends the load early and the soak still drains, settles and
     writes its files; a second one cancels it outright (nothing is written)."""
-    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for sig in signals:
-            if runner.stopped_at is not None:
-                scope.cancel()
-                return
-            runner.stop()
-            Console(stderr=True).print(
-                f"{signal.Signals(sig).name}: load stopped at t={runner.stopped_at:.1f}s; draining (again to abandon)",
-                highlight=False,
-            )
+
+    def stop(name: str) -> str:
+        runner.stop()
+        return f"{name}: load stopped at t={runner.stopped_at:.1f}s; draining (again to abandon)"
+
+    return stop
 
 
 def _cpu_model() -> str | None:
@@ -150,7 +146,7 @@ async def cmd_soak(a: argparse.Namespace, argv: list[str]) -> int:
         timeline: dict[str, Any] | None = None
         try:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(_stop_on_signal, runner, tg.cancel_scope, name="loadgen.soak.signals")
+                tg.start_soon(stop_on_signal, _stop_soak(runner), tg.cancel_scope, name="loadgen.soak.signals")
                 timeline = await runner.run()
                 tg.cancel_scope.cancel()
         finally:

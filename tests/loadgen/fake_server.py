@@ -61,6 +61,7 @@ class FakeServer:
                 Route("/v1/models", lambda r: JSONResponse({"object": "list", "data": []})),
                 Route("/metrics", lambda r: PlainTextResponse("aserve_device_busy_seconds_total 1.5\n")),
                 Route("/log", lambda r: JSONResponse(self.log)),
+                Route("/received", lambda r: JSONResponse(self.received)),
                 Route("/v1/completions", self._completions, methods=["POST"]),
             ]
         )
@@ -123,6 +124,11 @@ class FakeServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         spec = json.dumps({**options, "port": self.port})
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.loadgen.fake_server", spec], cwd=ROOT)
+
+    @property
+    def received(self) -> int:
+        """Completion requests the server has taken (the log keys them by a prompt's first id)."""
+        return int(httpx.get(self.base_url + "/received", timeout=5).json())
 
     @property
     def log(self) -> dict[int, dict[str, list[float]]]:

@@ -1,0 +1,49 @@
+"""Ctrl-C during ``loadgen run``: the run stops, requests in flight are cancelled and listed as
+unfinished, and the files hold what was measured (one process, and ``--client-procs``, whose
+parent passes the signal on to its clients once and merges what they wrote)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.loadgen.fake_server import ROOT, SCRIPT
+from tests.loadgen.fake_server import FakeServerProcess as FakeServer
+
+TOKENS = sum(n for _, n in SCRIPT)
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_ctrl_c_stops_the_run_and_writes_what_it_has(tmp_path: Path, procs: int) -> None:
+    # Every other request hangs for a minute: those in flight at the signal never finish.
+    with FakeServer(plan=["ok", "hang"], hang_s=60.0) as fake:
+        cmd = [sys.executable, "-m", "loadgen", "run", "--base-url", fake.base_url, "--model", "fake",
+               "--tokenizer", "gemma-3-270m", "--num-requests", "40", "--rate", "4", "--input-len", "8",
+               "--output-len", str(TOKENS), "--no-progress", "--no-plots", "--out", str(tmp_path), "--label", "st",
+               "--client-procs", str(procs)]  # fmt: skip
+        proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline = time.monotonic() + 120  # a hang guard: the workload takes ~10 s unstopped
+            while fake.received < 4 and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        received = fake.received
+    assert proc.returncode == 0, err[-2000:]
+    assert "SIGINT" in err
+    summary = json.loads((tmp_path / "st.json").read_text())
+    req = summary["requests"]
+    assert summary["run"]["stopped_at_s"] is not None
+    assert 4 <= req["sent"] < 40 and req["sent"] == received
+    assert req["unfinished"] and req["completed"] >= 1  # the hung ones; some of the others
+    assert any("stopped early" in w for w in summary["warnings"])
+    assert len((tmp_path / "st.jsonl").read_text().splitlines()) == req["sent"]
