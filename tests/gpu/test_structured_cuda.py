@@ -34,7 +34,7 @@ def test_split_launch_matches_serial_and_keeps_the_grammar(tiny_llama: tuple[Pat
     penal = aserve.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, frequency_penalty=1.5,
                                   repetition_penalty=1.3)  # fmt: skip
 
-    async def run(overlap: bool) -> tuple[list[Any], list[list[int]], int, int]:
+    async def run(overlap: bool) -> tuple[list[Any], list[list[int]], int, int, int]:
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, debug=True, **opts) as engine:  # fmt: skip
             outs: list[Any] = [None] * len(jobs)
@@ -55,11 +55,15 @@ def test_split_launch_matches_serial_and_keeps_the_grammar(tiny_llama: tuple[Pat
             with anyio.fail_after(60):
                 while not engine.ledger().all_free:
                     await anyio.sleep(0.01)
-            return outs, plain, engine.runner.split_steps, engine._loop.planned_ahead
+            loop = engine._loop
+            return outs, plain, engine.runner.split_steps, loop.planned_ahead, loop.early_samplers
 
-    serial, plain_serial, split_serial, _ = anyio.run(run, False)
-    overlap, plain_overlap, split_overlap, ahead = anyio.run(run, True)
+    serial, plain_serial, split_serial, _, _ = anyio.run(run, False)
+    overlap, plain_overlap, split_overlap, ahead, early = anyio.run(run, True)
     assert split_serial == 0 and split_overlap > 0
+    # Each split step's sampler went between the grammar advance and the rest of the commit
+    # before it (StepLoop.early_samplers), and the tokens are still serial's.
+    assert early > 0
     # Planning ahead of a split step's sampler needs a third slot (depth 3: CUDA graphs on),
     # and happens only when the planner gets there before that step's commit.
     assert opts == {} or ahead == 0, ahead
