@@ -6,7 +6,6 @@ import argparse
 import math
 import os
 import sys
-import threading
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -18,7 +17,7 @@ from rich.console import Console
 
 from loadgen import plots, report
 from loadgen.metrics import SLO
-from loadgen.runner import LoadSpec, Stopper, stop_on_signal
+from loadgen.runner import LoadSpec, Stopper, stoppable
 from loadgen.session import build_workload, open_target, run_once, save_run
 from loadgen.soak_cmd import add_soak_args
 from loadgen.specs import load_spec, target_spec, workload_spec
@@ -99,27 +98,11 @@ async def cmd_run(a: argparse.Namespace) -> int:
     console = Console()
     runs: list[plots.Run] = []
     points: list[tuple[float, dict[str, Any]]] = []
-    done = False
-    stopper = Stopper()
 
-    def stop(name: str) -> str:
-        at = stopper.stop()
-        when = "" if at is None else f" at t={at:.1f}s"
-        return f"{name}: run stopped{when}; writing what it has (again to abandon)"
+    async def body(stopper: Stopper) -> None:
+        await _runs(a, tspec, wspec, steps, shard, slo, stopper, out_dir, console, runs, points)
 
-    try:
-        async with anyio.create_task_group() as tg:
-            if threading.current_thread() is threading.main_thread():  # signal handlers live there
-                tg.start_soon(stop_on_signal, stop, tg.cancel_scope, name="loadgen.run.signals")
-            await _runs(a, tspec, wspec, steps, shard, slo, stopper, out_dir, console, runs, points)
-            tg.cancel_scope.cancel()
-            done = True
-    except BaseExceptionGroup as group:  # the task group wraps what the runs raised: one error
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
-    if not done:
-        raise SystemExit("run abandoned by a second signal")
+    await stoppable(body, "run")
     if a.plots and len(runs) > 1:
         plots.cdfs(runs, out_dir / f"{a.label}_cdf_overlay.png")
         plots.over_time(runs, out_dir / f"{a.label}_over_time_overlay.png")

@@ -23,6 +23,7 @@ from loadgen import plots
 from loadgen.compare import compare_groups, print_comparison
 from loadgen.launcher import aserve_server
 from loadgen.metrics import SLO
+from loadgen.runner import Stopper, stoppable
 from loadgen.session import TargetSpec, build_workload, open_target, run_once, save_run
 from loadgen.specs import load_spec, target_spec, workload_spec
 
@@ -52,28 +53,36 @@ async def cmd_overlap_ab(a: argparse.Namespace) -> int:
     await anyio.Path(out_dir).mkdir(parents=True, exist_ok=True)
     summaries: dict[str, list[dict[str, Any]]] = {"on": [], "off": []}
     runs: list[plots.Run] = []
-    for mode in ("off", "on"):
-        async with _mode_target(a, base, mode == "on", out_dir) as tspec, open_target(tspec) as (target, tok):
-            await target.wait_ready(tspec.ready_timeout)
-            items = build_workload(wspec, tok)  # same seed: the same prompts in both modes
-            for rep in range(a.repeats):
-                label = f"{a.label}_overlap_{mode}_rep{rep}"
-                meta = {"target": tspec.base_url or "in-process engine", "overlap": mode == "on",
-                        "workload": dict(wspec.__dict__), "repeat": rep, "ignore_eos": tspec.ignore_eos}  # fmt: skip
-                summary, records, warm = await run_once(
-                    target, items, load, slo, label=label, meta=meta, progress=a.progress
-                )
-                save_run(out_dir, label, summary, records, warm, do_plots=False)
-                req = summary["requests"]
-                Console().print(
-                    f"{label}: completed {req['completed']}, failed {req['failed']}, "
-                    f"{summary['throughput']['output_tok_per_s']:.1f} output tok/s",
-                    highlight=False,
-                )
-                for w in summary["warnings"]:  # a failed request makes the comparison suspect: say so
-                    Console().print(f"[yellow]warning:[/] {w}", highlight=False)
-                summaries[mode].append(summary)
-                runs.append((label, records, summary))
+
+    async def body(stopper: Stopper) -> None:
+        for mode in ("off", "on"):
+            async with _mode_target(a, base, mode == "on", out_dir) as tspec, open_target(tspec) as (target, tok):
+                await target.wait_ready(tspec.ready_timeout)
+                items = build_workload(wspec, tok)  # same seed: the same prompts in both modes
+                for rep in range(a.repeats):
+                    if stopper.stopped:
+                        return
+                    label = f"{a.label}_overlap_{mode}_rep{rep}"
+                    meta = {"target": tspec.base_url or "in-process engine", "overlap": mode == "on",
+                            "workload": dict(wspec.__dict__), "repeat": rep, "ignore_eos": tspec.ignore_eos}  # fmt: skip
+                    summary, records, warm = await run_once(
+                        target, items, load, slo, label=label, meta=meta, progress=a.progress, stopper=stopper
+                    )
+                    save_run(out_dir, label, summary, records, warm, do_plots=False)
+                    req = summary["requests"]
+                    Console().print(
+                        f"{label}: completed {req['completed']}, failed {req['failed']}, "
+                        f"{summary['throughput']['output_tok_per_s']:.1f} output tok/s",
+                        highlight=False,
+                    )
+                    for w in summary["warnings"]:  # a failed request makes the comparison suspect: say so
+                        Console().print(f"[yellow]warning:[/] {w}", highlight=False)
+                    summaries[mode].append(summary)
+                    runs.append((label, records, summary))
+
+    if (await stoppable(body, "overlap A/B")).stopped:
+        Console().print(f"stopped early: {len(runs)} run(s) written to {out_dir}, no comparison", highlight=False)
+        return 1
     result = compare_groups([summaries["off"], summaries["on"]])
     result["server_side_by_side"] = {
         mode: {k: _mean([s["server"].get(k) for s in summaries[mode] if s.get("server")]) for k in SERVER_KEYS}

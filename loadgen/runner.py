@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import signal
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -232,3 +233,31 @@ async def stop_on_signal(stop: Callable[[str], str], scope: anyio.CancelScope) -
                 return
             stopped = True
             Console(stderr=True).print(stop(signal.Signals(sig).name), highlight=False)
+
+
+async def stoppable(body: Callable[[Stopper], Awaitable[None]], what: str) -> Stopper:
+    """Run ``body`` with a :class:`Stopper` the first SIGINT or SIGTERM stops (the run under
+    way writes what it has; ``body`` should start no other); a second one abandons the command
+    (SystemExit). Returns the stopper: ``stopped`` says whether a signal came."""
+    stopper = Stopper()
+
+    def stop(name: str) -> str:
+        at = stopper.stop()
+        when = "" if at is None else f" at t={at:.1f}s"
+        return f"{name}: {what} stopped{when}; writing what it has (again to abandon)"
+
+    done = False
+    try:
+        async with anyio.create_task_group() as tg:
+            if threading.current_thread() is threading.main_thread():  # signal handlers live there
+                tg.start_soon(stop_on_signal, stop, tg.cancel_scope, name="loadgen.signals")
+            await body(stopper)
+            tg.cancel_scope.cancel()
+            done = True
+    except BaseExceptionGroup as group:  # the task group wraps what the body raised: one error
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    if not done:
+        raise SystemExit(f"{what} abandoned by a second signal")
+    return stopper
