@@ -143,7 +143,7 @@ class Committer:
             assert cell is not None, f"{req.rid} was admitted without an output cell"
             cell.push(token, None)
             grammar = req.grammar
-            if grammar is not None and advanced.get(i) is False:  # as in _append
+            if grammar is not None and not advanced[i]:  # as in _append (a live member was advanced)
                 log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar.error)
                 self.finish(req, "stop")
             elif token in req.stop_ids:

@@ -35,8 +35,8 @@ from aserve.scheduler.seq import SeqPlan
 
 def is_plain(req: Req) -> bool:
     """Whether ``req``'s decodes need no per-step decision of the planner, and of the
-    committer none but its grammar's advance (a constrained request joins the batch only when
-    its steps may be split, ``SchedulerConfig.constrained_lookahead``)."""
+    committer none but its grammar's advance (a constrained request joins the batch unless
+    ``ASERVE_SPLIT_MASKS=0`` makes it wait for every commit: ``Decoders.constrained``)."""
     p = req.params
     return (
         (req.grammar is None) == (p.structured_outputs is None)
