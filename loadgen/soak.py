@@ -57,6 +57,21 @@ class SoakSpec:
         quarter = (self.duration - self.warmup) / 4
         return f"q{min(4, int((t - self.warmup) // quarter) + 1)}"
 
+    def span(self, phase: str, load_end: float, stopped_at: float | None = None) -> float:
+        """Seconds ``phase`` lasted in a run whose load ended at ``load_end``: a run stopped
+        early (at ``stopped_at``) cuts the phase it was in short and leaves the later ones
+        empty, and its drain begins there."""
+        stop = min(self.duration, stopped_at if stopped_at is not None else self.duration)
+        if phase == "drain":
+            return max(0.0, load_end - stop)
+        if phase == "warmup":
+            start, end = 0.0, self.warmup
+        else:
+            quarter = (self.duration - self.warmup) / 4
+            start = self.warmup + (int(phase[1:]) - 1) * quarter
+            end = start + quarter
+        return max(0.0, min(end, stop) - start)
+
 
 @dataclass
 class Tally:
@@ -229,12 +244,7 @@ class SoakRunner:
         return {k: sum(getattr(x, k) for x in tallies) for k in ("ok", "aborted", "errors", "abort_missed")}
 
     def _span(self, phase: str, load_end: float) -> float:
-        spec = self.spec
-        if phase == "warmup":
-            return spec.warmup
-        if phase == "drain":
-            return max(0.0, load_end - min(spec.duration, self.stopped_at or spec.duration))
-        return (spec.duration - spec.warmup) / 4
+        return self.spec.span(phase, load_end, self.stopped_at)
 
     async def _settle(self, fds_before: int | None) -> dict[str, Any]:
         """Polls until no request holds KV or waits, and the fds are back (``fds_before`` ±

@@ -15,6 +15,7 @@ import pytest
 
 from loadgen.cli import main
 from loadgen.procstat import fd_kind, sample_tree
+from loadgen.soak import PHASES, SoakSpec
 from loadgen.soak_report import verdict
 from tests.server.helpers import API_KEY, ServerProcess
 
@@ -143,3 +144,15 @@ def test_short_soak_against_the_server(server: ServerProcess, tmp_path: Path) ->
     assert ended == tot["ok"] + tot["aborted"]
     windows = [s["window"] for s in samples]
     assert sum(w["ok"] for w in windows) + tl["prewarm"]["ok"] == tot["ok"]  # every completion in one window
+
+
+def test_phase_spans_of_a_soak_stopped_early() -> None:
+    """Rates are per second of the phase as it ran: a stop cuts its phase short, empties the
+    later ones, and the drain runs from the stop to the load's end."""
+    spec = SoakSpec(duration=100.0, warmup_s=20.0)  # quarters of 20 s from t=20
+    full = {p: spec.span(p, 103.0) for p in PHASES}
+    assert full == {"warmup": 20.0, "q1": 20.0, "q2": 20.0, "q3": 20.0, "q4": 20.0, "drain": 3.0}
+    cut = {p: spec.span(p, 55.0, stopped_at=50.0) for p in PHASES}
+    assert cut == {"warmup": 20.0, "q1": 20.0, "q2": 10.0, "q3": 0.0, "q4": 0.0, "drain": 5.0}
+    assert spec.span("warmup", 12.0, stopped_at=10.0) == 10.0
+    assert all(spec.phase(t) == p for t, p in ((5, "warmup"), (45, "q2"), (99.9, "q4"), (100, "drain")))
