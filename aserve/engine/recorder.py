@@ -21,7 +21,10 @@ class StepRecorder:
         self.device_clock = device_clock
         self._prev_end: DeviceEvent | None = None  # the event that ended the previous step
 
-    def record(self, step: Step, commit_s: float, commit_t0: float) -> None:
+    def record(self, step: Step, commit_s: float, commit_t0: float, resumed: tuple[float, float] | None = None) -> None:
+        """``resumed``: a commit that yielded between its two parts (the early sampler) — when
+        its first part ended and when its second began (host perf_counter); ``commit_s`` is
+        the two parts' time."""
         begin, end = step.forward_begin, step.materialized
         busy = _elapsed(begin, end)
         gap = None
@@ -48,7 +51,7 @@ class StepRecorder:
             )
         )
         if self.trace is not None:
-            self._trace(step, commit_s, commit_t0)
+            self._trace(step, commit_s, commit_t0, resumed)
 
     def engine_stats(
         self, sched: Scheduler, ledger: LedgerView, slots: PipelineSlots, output_tokens: int, *,
@@ -87,7 +90,7 @@ class StepRecorder:
             prefill_tokens_computed=sched.prefill_tokens_computed,
         )
 
-    def _trace(self, step: Step, commit_s: float, commit_t0: float) -> None:
+    def _trace(self, step: Step, commit_s: float, commit_t0: float, resumed: tuple[float, float] | None) -> None:
         tr, i = self.trace, step.index
         assert tr is not None
         # A step planned while a split step's sampler waited was planned (and its inputs built)
@@ -95,11 +98,17 @@ class StepRecorder:
         planned_end = step.planned.host_time or step.launch_time
         plan_t0 = planned_end - step.plan_s
         commit_end = commit_t0 + commit_s
+        parts = [(commit_t0, commit_end)]
+        if resumed is not None:  # the two parts, and the yield between them left out
+            first_end, second_t0 = resumed
+            commit_end = second_t0 + commit_s - (first_end - commit_t0)
+            parts = [(commit_t0, first_end), (second_t0, commit_end)]
         tr.span("plan", tr.HOST, plan_t0, planned_end, step=i)
         if step.prepare_s:
             tr.span("prepare", tr.HOST, planned_end, planned_end + step.prepare_s, step=i)
         tr.span("launch", tr.HOST, step.launch_time, step.launch_time + step.launch_s - step.prepare_s, step=i)
-        tr.span("commit", tr.HOST, commit_t0, commit_end, step=i)
+        for t0, t1 in parts:
+            tr.span("commit", tr.HOST, t0, t1, step=i)
         dev_begin, dev_end = self.device_clock(step.forward_begin), self.device_clock(step.materialized)
         tr.span(f"step {i}", tr.DEVICE, dev_begin, dev_end, seqs=step.num_seqs, tokens=step.num_tokens)
         # The four states: planned while the host builds it, in flight from launch until the

@@ -281,6 +281,7 @@ class StepLoop:
                     return
                 t0 = time.perf_counter()
                 deferred = self._deferred
+                resumed: tuple[float, float] | None = None  # an early sampler's yield, for the trace
                 try:
                     if self.debug:
                         self._track_pages(step, None, -1)
@@ -290,7 +291,8 @@ class StepLoop:
                         # step planned meanwhile (depth 3) is launched behind it, before the rest
                         # of this commit, which the device then no longer waits for.
                         advanced = self.committer.advance(step)
-                        commit_s = time.perf_counter() - t0
+                        first_end = time.perf_counter()
+                        commit_s = first_end - t0
                         if not self._finish_launch(deferred):
                             return
                         self.early_samplers += 1
@@ -300,6 +302,7 @@ class StepLoop:
                         t1 = time.perf_counter()
                         self.committer.finish_commit(step, advanced)
                         commit_s += time.perf_counter() - t1
+                        resumed = (first_end, t1)
                     else:
                         self.committer.commit(step)
                         commit_s = time.perf_counter() - t0
@@ -313,7 +316,7 @@ class StepLoop:
                 deferred = self._deferred
                 if deferred is not None and self._uncommitted == {deferred} and not self._finish_launch(deferred):
                     return
-                self.recorder.record(step, commit_s, t0)
+                self.recorder.record(step, commit_s, t0, resumed)
                 self.slots.release()
                 self.work.set()
 

@@ -220,6 +220,30 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off(mon
     assert texts[None] == texts[2] == texts[3] == texts["late"]
 
 
+async def test_the_trace_shows_an_early_samplers_commit_in_two_parts(tmp_path: Any) -> None:
+    """The commit before a split step yields once between its grammar advance and the rest:
+    its trace has two commit spans, in order, and the step planned during the wait is
+    launched in between (depth 3)."""
+    trace = tmp_path / "trace.json"
+    jobs = [(p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS)]
+    async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap_depth=3, trace_path=str(trace)) as eng:
+        await _run_all(eng, jobs)
+        assert await _settled(eng)  # the last steps (overshoot only) committed, so traced
+        early, behind = eng._loop.early_samplers, eng._loop.launched_behind
+    assert early > 0 and behind > 0
+    events = [e for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"]
+    commits: dict[int, list[tuple[float, float]]] = {}
+    for e in events:
+        if e["name"] == "commit":
+            commits.setdefault(e["args"]["step"], []).append((e["ts"], e["ts"] + e["dur"]))
+    split = [sorted(parts) for parts in commits.values() if len(parts) == 2]
+    assert len(split) == early and all(len(parts) <= 2 for parts in commits.values())
+    assert all(first[1] <= second[0] for first, second in split)
+    launches = [e["ts"] for e in events if e["name"] == "launch"]
+    between = sum(any(first[1] <= t <= second[0] for t in launches) for first, second in split)
+    assert between == behind
+
+
 async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial() -> None:
     """Depth 3 plans the step after a split one while that one's sampler waits for a commit;
     its inputs must be built in the same stretch as its plan (a penalised decode's pending
