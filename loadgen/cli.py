@@ -100,7 +100,44 @@ async def cmd_run(a: argparse.Namespace) -> int:
     points: list[tuple[float, dict[str, Any]]] = []
 
     async def body(stopper: Stopper) -> None:
-        await _runs(a, tspec, wspec, steps, shard, slo, stopper, out_dir, console, runs, points)
+        """Every point of the sweep and every repeat, each saved as it ends."""
+        async with open_target(tspec) as (target, tok):
+            await target.wait_ready(tspec.ready_timeout)
+            items = build_workload(wspec, tok)
+            if shard is not None:  # every K-th request
+                items = items[shard[0] :: shard[1]]
+            barrier = await _start_barrier(a.start_barrier) if a.start_barrier else None
+            for suffix, value, load in steps:
+                for rep in range(a.repeats):
+                    if stopper.stopped:  # stopped before this point began: nothing to run
+                        return
+                    label = f"{a.label}{suffix}" + (f"_rep{rep}" if a.repeats > 1 else "")
+                    meta = {
+                        "target": tspec.base_url or "in-process engine",
+                        "endpoint": tspec.endpoint,
+                        "model": target.model,
+                        "engine_options": tspec.engine_options,
+                        "ignore_eos": tspec.ignore_eos,
+                        "workload": dict(wspec.__dict__),
+                        "sweep_value": value,
+                        "repeat": rep,
+                        **({"barrier": barrier} if barrier else {}),
+                    }
+                    summary, records, warm = await run_once(
+                        target,
+                        items,
+                        load,
+                        slo,
+                        label=label,
+                        meta=meta,
+                        progress=a.progress,
+                        scrape=not a.shard,
+                        stopper=stopper,
+                    )
+                    save_run(out_dir, label, summary, records, warm, do_plots=a.plots)
+                    report.print_table(summary, console)
+                    runs.append((label, records, summary))
+                    points.append((value, summary))
 
     await stoppable(body, "run")
     if a.plots and len(runs) > 1:
@@ -110,49 +147,6 @@ async def cmd_run(a: argparse.Namespace) -> int:
         plots.goodput_vs_rate(points, out_dir / f"{a.label}_sweep_goodput_vs_rate.png")
     console.print(f"results in {out_dir}")
     return 0
-
-
-async def _runs(a: argparse.Namespace, tspec: Any, wspec: Any, steps: list[tuple[str, float, LoadSpec]],
-                shard: tuple[int, ...] | None, slo: SLO, stopper: Stopper, out_dir: Path, console: Console,
-                runs: list[plots.Run], points: list[tuple[float, dict[str, Any]]]) -> None:  # fmt: skip
-    """Every point of the sweep and every repeat, each saved as it ends (``runs``, ``points``)."""
-    async with open_target(tspec) as (target, tok):
-        await target.wait_ready(tspec.ready_timeout)
-        items = build_workload(wspec, tok)
-        if shard is not None:  # every K-th request
-            items = items[shard[0] :: shard[1]]
-        barrier = await _start_barrier(a.start_barrier) if a.start_barrier else None
-        for suffix, value, load in steps:
-            for rep in range(a.repeats):
-                if stopper.stopped:  # stopped before this point began: nothing to run
-                    return
-                label = f"{a.label}{suffix}" + (f"_rep{rep}" if a.repeats > 1 else "")
-                meta = {
-                    "target": tspec.base_url or "in-process engine",
-                    "endpoint": tspec.endpoint,
-                    "model": target.model,
-                    "engine_options": tspec.engine_options,
-                    "ignore_eos": tspec.ignore_eos,
-                    "workload": dict(wspec.__dict__),
-                    "sweep_value": value,
-                    "repeat": rep,
-                    **({"barrier": barrier} if barrier else {}),
-                }
-                summary, records, warm = await run_once(
-                    target,
-                    items,
-                    load,
-                    slo,
-                    label=label,
-                    meta=meta,
-                    progress=a.progress,
-                    scrape=not a.shard,
-                    stopper=stopper,
-                )
-                save_run(out_dir, label, summary, records, warm, do_plots=a.plots)
-                report.print_table(summary, console)
-                runs.append((label, records, summary))
-                points.append((value, summary))
 
 
 async def _start_barrier(ready_file: str) -> dict[str, float]:

@@ -351,12 +351,10 @@ def _block_graph_inputs(block: DecodeBlock, graphs: DecodeGraphs) -> StepInputs 
     if graph_in is None:
         return None
     fields = {"rows": block.rows, "gens": block.gens, "graph_in": graph_in}
-    if not block.grammar_idx:
-        flat, spans = pack_int64(fields)
-        return StepInputs(flat, spans, block.positions, [1] * len(block), None)
-    fields["mask_rows"] = block.grammar_idx
+    if block.grammar_idx:  # constrained members: their masks go on the graph's logits
+        fields["mask_rows"] = block.grammar_idx
     flat, spans = pack_int64(fields)
-    return StepInputs(flat, spans, block.positions, [1] * len(block), None, grammar=list(block.grammars),
+    return StepInputs(flat, spans, block.positions, [1] * len(block), None, grammar=block.grammars,
                       mask_rows=block.grammar_idx)  # fmt: skip
 
 

@@ -6,8 +6,9 @@ project's CPU (and the input build and the commit as much again), which at batch
 512 is longer than the device's step. So the requests that decode without anything per-step
 to decide (no penalty, no logprobs, no stop strings, no ``min_tokens``: the common case,
 "plain"; a grammar is allowed, its rows listed apart) stay in a :class:`DecodeBatch` from
-the step after their prefill until they end: their rows, positions, slots and next output indexes live in plain lists (the
-policy imports no numpy), each step's are one list comprehension from the last's (a page is
+the step after their prefill until they end: their rows, positions, slots and next output
+indexes live in plain lists (the policy imports no numpy), each step's are one list
+comprehension from the last's (a page is
 allocated only where a position starts a new page, one request in ``page_size`` a step), and
 the step's snapshot is a :class:`DecodeBlock` of columns rather than one object per request.
 
