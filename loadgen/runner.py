@@ -92,14 +92,11 @@ class Runner:
 
     async def run(self, items: Sequence[WorkItem]) -> RunOutput:
         spec = self.spec
-        with anyio.CancelScope() as warmup_scope:  # stop() ends a warm-up too
-            self._scope = warmup_scope
-            if self.stopped_at is not None:
-                warmup_scope.cancel()
-            warm = await self._warmup(items[: spec.warmup])
-        self._scope = None
+        warm = await self._warmup(items[: spec.warmup])
         before = await self.target.server_counters() if self.scrape else None
         self._t0 = time.perf_counter()
+        if self.stopped_at is not None:  # stopped before the measured run: it ends at its t=0
+            self.stopped_at = 0.0
         cpu0 = time.process_time()
         records: list[RequestRecord] = []
         lags: list[tuple[float, float]] = []
@@ -109,9 +106,7 @@ class Runner:
             watchers.start_soon(self._ticker, lags, name="loadgen.loop_lag")
             watchers.start_soon(progress.loop, name="loadgen.progress")
             with anyio.move_on_after(spec.run_timeout) as scope:
-                self._scope = scope
-                if self.stopped_at is not None:
-                    scope.cancel()
+                self._stoppable(scope)
                 async with anyio.create_task_group() as reqs:
                     if spec.users:
                         for u in range(spec.users):
@@ -137,10 +132,19 @@ class Runner:
             async with limit:
                 await self.target.send(it, rec, self.now)
 
-        async with anyio.create_task_group() as tg:
-            for it, rec in zip(items, recs):
-                tg.start_soon(one, it, rec, name=f"loadgen.warmup{rec.index}")
+        with anyio.CancelScope() as scope:  # stop() ends a warm-up too
+            self._stoppable(scope)
+            async with anyio.create_task_group() as tg:
+                for it, rec in zip(items, recs):
+                    tg.start_soon(one, it, rec, name=f"loadgen.warmup{rec.index}")
+        self._scope = None
         return recs
+
+    def _stoppable(self, scope: anyio.CancelScope) -> None:
+        """``stop()`` cancels ``scope`` from now on (at once if it was called already)."""
+        self._scope = scope
+        if self.stopped_at is not None:
+            scope.cancel()
 
     async def _open_loop(self, tg: Any, items: Sequence[WorkItem], records: list[RequestRecord]) -> None:
         spec = self.spec
@@ -153,7 +157,7 @@ class Runner:
             times = arrival_times(n, spec.rate, spec.burstiness, spec.seed, process=spec.process)
         limit = anyio.CapacityLimiter(spec.max_concurrency) if spec.max_concurrency else None
         for i, (item, at) in enumerate(zip(items, times)):
-            if spec.duration is not None and at > spec.duration:
+            if (spec.duration is not None and at > spec.duration) or self.stopped_at is not None:
                 break
             delay = at - self.now()
             if delay > 0:
@@ -173,7 +177,7 @@ class Runner:
 
     async def _user(self, items: Sequence[WorkItem], records: list[RequestRecord]) -> None:
         spec = self.spec
-        while True:
+        while self.stopped_at is None:
             i = len(records)
             if spec.duration is not None:
                 if self.now() >= spec.duration:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,3 +71,36 @@ def test_ctrl_c_stops_an_overlap_ab_with_the_runs_so_far(tmp_path: Path) -> None
     if first.exists():  # stopped while it ran (not while its engine started, on a slow machine)
         summary = json.loads(first.read_text())
         assert summary["run"]["stopped_at_s"] is not None and 0 < summary["requests"]["sent"] < 400
+
+
+def test_a_stop_during_the_warm_up_ends_the_run_at_its_start() -> None:
+    """Stopped while the warm-up's requests hang: the warm-up ends, the measured run sends
+    nothing and says it stopped at t=0 (a stop there once left the run without its warm-up
+    records: UnboundLocalError)."""
+    import anyio
+
+    from loadgen.runner import LoadSpec, Runner
+    from loadgen.target_http import HttpTarget
+    from loadgen.workloads import WorkItem
+
+    with FakeServer(plan=["hang"], hang_s=60.0) as fake:
+
+        async def run() -> Any:
+            target = HttpTarget(fake.base_url, "fake", request_timeout=120.0)
+            runner = Runner(target, LoadSpec(warmup=2), progress=False, scrape=False)
+            try:
+                async with anyio.create_task_group() as tg:
+
+                    async def stop_when_sent() -> None:
+                        while fake.received < 2:
+                            await anyio.sleep(0.05)
+                        runner.stop()
+
+                    tg.start_soon(stop_when_sent)
+                    return await runner.run([WorkItem([i] * 8, None, TOKENS) for i in range(6)])
+            finally:
+                await target.aclose()
+
+        out = anyio.run(run)
+    assert out.stopped_at == 0.0 and out.records == []
+    assert len(out.warmup_records) == 2 and not any(r.finished for r in out.warmup_records)
