@@ -11,7 +11,6 @@ stream, forward and sampling on the forward stream, D2H on the copy stream.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -179,7 +178,7 @@ class ModelRunner:
         if isinstance(fwd, SampleOutput):
             return fwd
         if dev.sbatch is None:
-            return self._masked_argmax(fwd.logits, dev)
+            return self._masked_argmax(fwd.logits, dev, fwd.argmax)
         out = self._sample_and_publish(fwd.logits, dev, fwd.gathered)
         if fwd.prompt is not None:
             out.prompt_logprobs, out.prompt_top_ids, out.prompt_top_logprobs = fwd.prompt
@@ -292,22 +291,31 @@ class ModelRunner:
             # before this step's device-to-host copy ran on the copy stream.
             return SampleOutput(g.tokens[:b].clone(), None, None, None)
         # The sampler works in float32; a masked argmax takes the head's dtype as it is.
-        logits = g.logits[:b] if dev.sbatch is None else g.logits[:b].float()
-        return _Logits(logits, g.input_ids[:b], None)
+        if dev.sbatch is None:
+            return _Logits(g.logits[:b], g.input_ids[:b], None, g.tokens[:b])
+        return _Logits(g.logits[:b].float(), g.input_ids[:b], None)
 
-    def _masked_argmax(self, logits: torch.Tensor, dev: DeviceInputs) -> SampleOutput:
-        """A greedy graph step with constrained rows: their masks applied to the graph's
-        logits (in place: the buffer is the graph's, rewritten by its next replay), the
-        argmax, and the tokens published over the graph's own unmasked ones. Every row of a
-        decode-only step samples."""
+    def _masked_argmax(self, logits: torch.Tensor, dev: DeviceInputs, argmax: torch.Tensor | None) -> SampleOutput:
+        """A greedy step with constrained rows (every row of a decode-only step samples): the
+        argmax of each constrained row over its mask, the plain argmax elsewhere (``argmax``,
+        the graph's, when given), published over the graph's own tokens.
+
+        On CUDA one masked-argmax kernel pair that neither writes the logits nor reads a
+        disallowed token's logit (``masked_argmax_``). On a CPU the masks are applied in place
+        (the buffer is the graph's, rewritten by its next replay) before the argmax."""
         assert dev.mask_rows is not None and dev.mask_bits is not None, "a masked step without its masks"
         self.masked_graph_steps += 1
-        # On CUDA the masks are a Triton kernel's raw write, which autograd does not see: no
-        # inference_mode() (a profile on the H100 host charged ~0.23 ms a step to its exit). On a
-        # CPU they are torch ops on the graph's inference tensor, which need it.
-        with contextlib.nullcontext() if logits.is_cuda else torch.inference_mode():
-            apply_masks_(logits, dev.mask_rows, dev.mask_bits)
-            tokens = logits.argmax(dim=-1)
+        if logits.is_cuda:
+            # Triton's raw writes, which autograd does not see: no inference_mode() (a profile
+            # on the H100 host charged ~0.23 ms a step to its exit).
+            from aserve.kernels.bitmask import masked_argmax_
+
+            tokens = argmax.clone() if argmax is not None else logits.argmax(dim=-1)
+            masked_argmax_(tokens, logits, dev.mask_rows, dev.mask_bits)
+        else:
+            with torch.inference_mode():
+                apply_masks_(logits, dev.mask_rows, dev.mask_bits)
+                tokens = logits.argmax(dim=-1)
         self.future_map.publish(dev.rows, tokens, dev.gens)
         return SampleOutput(tokens, None, None, None)
 
@@ -474,6 +482,7 @@ class _Logits(NamedTuple):
     logits: torch.Tensor
     gathered: torch.Tensor | None
     prompt: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    argmax: torch.Tensor | None = None  # a graph's own argmax of ``logits``, when it took one
 
 
 # What a step hands back to the host (SampleOutput's fields, StepOutputs' names).
