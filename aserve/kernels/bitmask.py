@@ -68,11 +68,14 @@ def _masked_argmax_partial(Logits, Rows, Bits, PMax, PIdx, stride_l, stride_b, v
     # A disallowed token's logit is never read: a row the grammar narrows to a few tokens
     # costs its mask and the sectors holding those few.
     x = tl.load(Logits + row * stride_l + tokens, mask=keep, other=float("-inf")).to(tl.float32)
-    x = tl.reshape(x, (WORDS * 32,))
-    best = tl.max(x, axis=0)
-    at = tl.argmax(x, axis=0, tie_break_left=True)  # the first of equal maxima, as torch.argmax
+    best = tl.max(tl.max(x, axis=1), axis=0)
+    # The first of equal maxima, as torch.argmax: the least token holding the maximum (found
+    # by a min over [WORDS, 32], not an argmax over a reshaped block, whose ties the H100 broke
+    # otherwise than the interpreter did).
+    big = tl.full((WORDS, 32), 2**62, tl.int64)
+    at = tl.min(tl.min(tl.where(x == best, tokens.to(tl.int64), big), axis=1), axis=0)
     tl.store(PMax + r * nblocks + block, best)
-    tl.store(PIdx + r * nblocks + block, (block * WORDS * 32 + at).to(tl.int64))
+    tl.store(PIdx + r * nblocks + block, at)
 
 
 @triton.jit
