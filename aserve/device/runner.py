@@ -29,7 +29,7 @@ from aserve.device.step import Step, StepOutputs
 from aserve.device.streams import give_back_runner_streams, on_stream, take_runner_streams
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
-from aserve.sampling.masks import GrammarState, PendingFill, fill_masks, mask_words, start_fill
+from aserve.sampling.masks import GrammarState, fill_masks, mask_words
 from aserve.sampling.sampler import (
     SampleOutput,
     apply_masks_,
@@ -369,14 +369,13 @@ class ModelRunner:
         step.read_host = lambda: result["host"]
         if defer:
             grammar = host.grammar_states
-            start, fill = _deferred_fill(grammar, lambda: _empty_masks(grammar))
 
             def finish() -> None:
-                masked = _with_masks(dev, fill())
+                masked = _with_masks(dev, fill_masks(grammar))
                 step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
                 sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked))
 
-            step.start_masks, step.finish_launch = start, finish
+            step.finish_launch = finish
         else:
             sample_and_copy(lambda: self._device_work(dev))
         return step
@@ -410,21 +409,19 @@ class ModelRunner:
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
             grammar = host.grammar_states
-            # The masks, filled straight into pinned memory (kept with the step), then copied
-            # on the schedule stream, which the sampler waits for.
-            pinned = self._mask_buffer(index, grammar)
-            start, fill = _deferred_fill(grammar, lambda: pinned)
 
             def finish() -> None:
-                masked = _with_masks(dev, self._copy_masks(fill()))
+                # The masks, filled straight into pinned memory, then the sampler and the copy out.
+                keep: list[torch.Tensor] = []
+                masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
                 self.forward_stream.wait_stream(self.schedule_stream)
                 assert forward_end is not None
                 sampler_begin = self._record(self.forward_stream, f"step{index}.sampler_begin")
                 step.split_gap = (forward_end, sampler_begin)
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
-                step.keepalive += [masked, out, pinned]
+                step.keepalive += [masked, out, *keep]
 
-            step.start_masks, step.finish_launch = start, finish
+            step.finish_launch = finish
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
@@ -438,19 +435,13 @@ class ModelRunner:
     def _upload_masks(self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor]) -> torch.Tensor:
         """The rows' masks, filled straight into pinned memory and copied on the schedule
         stream (the forward stream waits for it); the pinned buffer goes into ``keep``."""
-        pinned = self._mask_buffer(index, grammar)
-        fill_masks(grammar, pinned)
-        keep.append(pinned)
-        return self._copy_masks(pinned)
-
-    def _mask_buffer(self, index: int, grammar: list[GrammarState]) -> torch.Tensor:
-        """Step ``index``'s pinned [rows, words] int32 mask buffer."""
         words = mask_words(grammar[0].vocab_size)
-        return self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
-
-    def _copy_masks(self, pinned: torch.Tensor) -> torch.Tensor:
+        pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
+        fill_masks(grammar, pinned)
         with on_stream(self.schedule_stream):
-            return pinned.to(self.device, non_blocking=True)
+            bits = pinned.to(self.device, non_blocking=True)
+        keep.append(pinned)
+        return bits
 
     def _sample_cuda(
         self, index: int, work: Callable[[], SampleOutput], bufs: dict[str, torch.Tensor], step: Step | None
@@ -475,30 +466,6 @@ class ModelRunner:
             copied = self._record(self.copy_stream, f"step{index}.copied", self.cuda_waiter,
                                   into=None if step is None else step.copied)  # fmt: skip
         return out, materialized, copied
-
-
-def _deferred_fill(
-    grammar: list[GrammarState], buffer: Callable[[], torch.Tensor]
-) -> tuple[Callable[[], PendingFill], Callable[[], torch.Tensor]]:
-    """A split step's mask fill in two calls: ``start()`` begins it (into ``buffer()``) and
-    returns it; ``fill()`` begins it if that was not done, waits, and returns the masks."""
-    began: list[tuple[torch.Tensor, PendingFill]] = []
-
-    def start() -> PendingFill:
-        if not began:
-            out = buffer()
-            began.append((out, start_fill(grammar, out)))
-        return began[0][1]
-
-    def fill() -> torch.Tensor:
-        start().wait()
-        return began[0][0]
-
-    return start, fill
-
-
-def _empty_masks(grammar: list[GrammarState]) -> torch.Tensor:
-    return torch.empty((len(grammar), mask_words(grammar[0].vocab_size)), dtype=torch.int32)
 
 
 def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:

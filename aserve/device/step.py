@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aserve.device.events import DeviceEvent, HostMark
-from aserve.sampling.masks import PendingFill
 from aserve.scheduler.decode_batch import DecodeBlock
 from aserve.scheduler.req import Req
 from aserve.scheduler.seq import SeqPlan
@@ -71,9 +70,6 @@ class Step:
     # A split launch (constrained rows whose masks wait for earlier steps' commits): launches
     # the sampler and the copy out, resolving ``materialized`` and ``copied``; None once done.
     finish_launch: Callable[[], None] | None = None
-    # A split launch's mask fill, begun before ``finish_launch`` (which begins it otherwise):
-    # on the fill's pool the host may commit beside it (``PendingFill.running``).
-    start_masks: Callable[[], PendingFill] | None = None
     # A split step's (forward ended, sampler began): the device idles between them while the
     # host commits the steps before and fills the masks; the recorder counts it as a gap.
     split_gap: tuple[DeviceEvent, DeviceEvent] | None = None

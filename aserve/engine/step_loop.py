@@ -49,7 +49,6 @@ from aserve.engine.recorder import StepRecorder
 from aserve.engine.watchdog import LoopWatchdog
 from aserve.errors import EngineClosedError, EngineFailedError, KVAllocationError, KVCapacityError
 from aserve.logs import get_logger
-from aserve.sampling.masks import PendingFill
 from aserve.scheduler.policy import Blocked, Plan, Scheduler
 from aserve.scheduler.req import Req
 from aserve.sync import Signal
@@ -94,14 +93,12 @@ class StepLoop:
         # steps before it, and a wake-up for the planner, which launches nothing meanwhile (the
         # next forward reads that sampler's tokens). ``split_masks``: whether steps may split.
         self.split_masks = scheduler.config.constrained_lookahead
-        # Launch a split step's sampler within the commit before it, once the grammar advance
-        # (its first part) is done: before the rest, or after the rest when the masks fill on
-        # the pool beside it; not after the whole commit and its bookkeeping. ``ASERVE_EARLY_SAMPLER=0``
+        # Launch a split step's sampler between the two parts of the commit before it (the
+        # grammar advance, then the rest), not after the whole commit. ``ASERVE_EARLY_SAMPLER=0``
         # waits for the whole commit, kept to measure one against the other.
         self.early_sampler = os.environ.get("ASERVE_EARLY_SAMPLER", "1") != "0"
-        self.early_samplers = 0  # split steps' samplers launched within the commit of the step before
-        self.launched_behind = 0  # ... with the step planned meanwhile launched right behind
-        self.fills_beside = 0  # ... whose masks filled on the pool beside that commit's second part
+        self.early_samplers = 0  # split steps' samplers launched between a commit's two parts
+        self.launched_behind = 0  # ... with the next step launched before that commit's second part
         self._deferred: Step | None = None
         self._sampled = Signal()
         self.planned_ahead = 0  # steps planned while a split step's sampler waited (depth 3)
@@ -290,36 +287,21 @@ class StepLoop:
                         self._track_pages(step, None, -1)
                     if self.early_sampler and deferred is not None and self._uncommitted == {step, deferred}:
                         # The last step before a split one: once its grammar rows have advanced
-                        # (all the split step's masks read), that step's masks are filled and its
-                        # sampler goes, and the step planned meanwhile (depth 3) is launched
-                        # behind it, before the rest of this commit, which the device then no
-                        # longer waits for. A fill on the pool runs beside that rest instead
-                        # (it reads no matcher): the host's step is then shorter by the lesser.
+                        # (all the split step's masks read), that step's sampler goes, and the
+                        # step planned meanwhile (depth 3) is launched behind it, before the rest
+                        # of this commit, which the device then no longer waits for.
                         advanced = self.committer.advance(step)
                         first_end = time.perf_counter()
                         commit_s = first_end - t0
-                        fill = self._start_masks(deferred)
-                        if fill is None:
-                            return
-                        t1 = time.perf_counter()
-                        if fill.running:
-                            try:
-                                self.committer.finish_commit(step, advanced)
-                            except BaseException:
-                                fill.settle()  # its pinned buffer stays untouched until it ends
-                                raise
-                            commit_s += time.perf_counter() - t1
-                            self.fills_beside += 1
                         if not self._finish_launch(deferred):
                             return
                         self.early_samplers += 1
                         launched = len(self._launched_at)
                         await anyio.lowlevel.checkpoint()
                         self.launched_behind += len(self._launched_at) > launched
-                        if not fill.running:
-                            t1 = time.perf_counter()
-                            self.committer.finish_commit(step, advanced)
-                            commit_s += time.perf_counter() - t1
+                        t1 = time.perf_counter()
+                        self.committer.finish_commit(step, advanced)
+                        commit_s += time.perf_counter() - t1
                         resumed = (first_end, t1)
                     else:
                         self.committer.commit(step)
@@ -338,19 +320,6 @@ class StepLoop:
                 self.slots.release()
                 self.work.set()
 
-    def _start_masks(self, step: Step) -> PendingFill | None:
-        """Begin a split step's mask fill (the matchers have advanced); None if that broke
-        the engine."""
-        assert step.start_masks is not None
-        t0 = time.perf_counter()
-        try:
-            fill = step.start_masks()
-        except Exception as exc:
-            self._fail_everything(f"filling step {step.index}'s masks raised {exc!r}", exc)
-            return None
-        step.launch_s += time.perf_counter() - t0
-        return fill
-
     def _finish_launch(self, step: Step) -> bool:
         """Launch a split step's sampler (its masks read the matchers just advanced); False if
         that broke the engine."""
@@ -364,7 +333,7 @@ class StepLoop:
             return False
         finally:
             self._launching_since = None
-        step.finish_launch = step.start_masks = None
+        step.finish_launch = None
         step.launch_s += time.perf_counter() - t0
         self._deferred = None
         self._sampled.set()

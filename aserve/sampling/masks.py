@@ -15,13 +15,11 @@ commit's advance of the matchers. The grammars themselves are compiled in
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
-import queue
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 import torch
@@ -44,7 +42,7 @@ class GrammarState:
     ``token_table`` is set when the matcher's tokenizer is the C table, whose masks may be
     computed on llguidance's threads (:class:`MaskFiller`)."""
 
-    __slots__ = ("cache", "done", "error", "filler", "key", "matcher", "prefix", "shard", "token_table", "vocab_size")
+    __slots__ = ("cache", "filler", "key", "matcher", "prefix", "shard", "token_table", "vocab_size")
 
     def __init__(
         self,
@@ -65,23 +63,11 @@ class GrammarState:
         self.shard = shard  # the template the matcher was copied from (Grammars._matcher)
         self.filler = filler  # what fills its masks (fill_masks; serially if None)
         self.prefix: list[int] | None = [] if cache is not None and key is not None else None
-        # As of the last advance (the commit reads these while a fill may hold the matcher).
-        self.done = False  # the language allows no further token (the output is complete)
-        self.error = ""  # why the grammar refused the last token, if it did
 
     def advance(self, token: int) -> bool:
         """Consume a committed token; False if the grammar did not allow it."""
         self._note(token)
-        return self._took(bool(self.matcher.consume_token(token)))
-
-    def _took(self, ok: bool) -> bool:
-        """Record ``done`` and ``error`` after an advance: the rest of the commit reads them
-        while the next step's masks may be filling on the pool, which holds the matchers
-        (llguidance refuses a call on a matcher another thread is using)."""
-        m = self.matcher
-        self.done = bool(m.is_stopped())
-        self.error = "" if ok else str(m.get_error())
-        return ok
+        return bool(self.matcher.consume_token(token))
 
     def _note(self, token: int) -> None:
         prefix = self.prefix
@@ -90,6 +76,15 @@ class GrammarState:
                 prefix.append(token)
             else:
                 self.prefix = None
+
+    @property
+    def done(self) -> bool:
+        """The language allows no further token (the output is complete)."""
+        return bool(self.matcher.is_stopped())
+
+    @property
+    def error(self) -> str:
+        return str(self.matcher.get_error())
 
 
 def advance_all(states: Sequence[GrammarState], tokens: Sequence[int]) -> list[bool]:
@@ -109,7 +104,7 @@ def advance_all(states: Sequence[GrammarState], tokens: Sequence[int]) -> list[b
     filler.pool_consumes += 1
     ok = [False] * len(states)
     for i, res in zip(order, done, strict=True):
-        ok[i] = states[i]._took(bool(res))
+        ok[i] = bool(res)
     return ok
 
 
@@ -173,103 +168,10 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     for it, which is never committed) allows every token."""
     words = mask_words(states[0].vocab_size)
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
-    start_fill(states, masks).wait()
-    return masks
-
-
-def start_fill(states: Sequence[GrammarState], out: torch.Tensor) -> PendingFill:
-    """:func:`fill_masks` into ``out``, begun: the masks are whole once the returned fill's
-    ``wait()`` returned. On the pool (:meth:`MaskFiller.start`) the caller's thread is free
-    meanwhile, but must not touch these states' matchers until then."""
-    words = mask_words(states[0].vocab_size)
-    assert out.shape == (len(states), words) and out.is_contiguous() and out.dtype == torch.int32
+    assert masks.shape == (len(states), words) and masks.is_contiguous()
     filler = states[0].filler
-    return (MaskFiller("serial") if filler is None else filler).start(states, out.data_ptr(), words * 4)
-
-
-class PendingFill:
-    """A step's mask fill under way (:meth:`MaskFiller.start`); ``running``: on the pool,
-    behind a helper thread, rather than already done on the caller's."""
-
-    __slots__ = ("_after", "_job", "running")
-
-    def __init__(self, job: _Job | None, after: Callable[[], None]) -> None:
-        self._job = job
-        self._after: Callable[[], None] | None = after
-        self.running = job is not None
-
-    def wait(self) -> None:
-        """Until the masks are whole (then the cache takes this fill's new masks); again: at
-        once. Raises what the fill raised."""
-        if self._job is not None:
-            self._job.done.wait()
-            error, self._job = self._job.error, None
-            if error is not None:
-                self._after = None
-                raise error
-        if self._after is not None:
-            after, self._after = self._after, None
-            after()
-
-    def settle(self) -> None:
-        """Wait, and drop what the fill raised (a failing engine's cleanup: the memory it
-        writes must not be reused while it runs)."""
-        with contextlib.suppress(Exception):
-            self.wait()
-
-
-class _Job:
-    __slots__ = ("done", "error", "run", "started")
-
-    def __init__(self, run: Callable[[], None]) -> None:
-        self.run = run
-        self.started = threading.Event()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-
-
-class _FillThread:
-    """The one Python thread that makes the pool's fill calls a caller does not wait for.
-
-    The submitting thread waits until this one has the job in hand: this thread holds the
-    GIL until llguidance's call releases it, so the caller's Python then runs beside the
-    pool's native threads instead of leaving this one waiting on the GIL for its switch
-    interval. Owns nothing of an engine between jobs."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, run: Callable[[], None]) -> _Job:
-        job = _Job(run)
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="aserve-mask-fill", daemon=True)
-                self._thread.start()
-        self._jobs.put(job)
-        job.started.wait()
-        return job
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            job.started.set()
-            try:
-                job.run()
-            except BaseException as exc:  # handed to the waiter
-                job.error = exc
-            finally:
-                job.run = _nothing  # nothing of the fill stays referenced by this thread
-                job.done.set()
-                del job
-
-
-def _nothing() -> None:
-    pass
-
-
-_FILL_THREAD = _FillThread()
+    (MaskFiller("serial") if filler is None else filler).fill(states, masks.data_ptr(), words * 4)
+    return masks
 
 
 _MIN_POOL_ROWS = 16
@@ -319,13 +221,6 @@ class MaskFiller:
         return "serial" if self.kind == "serial" else f"executor:{self.threads}"
 
     def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
-        """The rows' masks at ``base`` (``row_bytes`` apart), whole on return."""
-        self.start(states, base, row_bytes, background=False).wait()
-
-    def start(self, states: Sequence[GrammarState], base: int, row_bytes: int, background: bool = True) -> PendingFill:
-        """Begin the fill: cached masks are copied and the rows to compute listed on the
-        caller's thread; the computing then runs on the pool, made from the helper thread
-        when ``background`` (the caller goes on; :meth:`PendingFill.wait` joins), or here."""
         compute: list[tuple[Any, int]] = []  # (matcher, row) whose masks are computed
         first: dict[tuple[Any, ...], int] = {}  # cache key -> the step's row that computes it
         copies: list[tuple[int, int]] = []  # (row, row it copies) for rows in an earlier row's state
@@ -352,26 +247,18 @@ class MaskFiller:
                 if cache.met_again(key):
                     store[key] = i
             compute.append((m, i))
-
-        def after() -> None:
-            for i, j in copies:
-                ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
-            for key, i in store.items():
-                cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
-
-        if not self.pooled(states, len(compute)):
+        if self.pooled(states, len(compute)):
+            # Rows grouped by template: the pool hands each thread a contiguous run of the
+            # list, so a thread mostly takes its own template's lock (Grammars._matcher).
+            compute.sort(key=lambda mi: states[mi[1]].shard)
+            self._pool().unsafe_compute_mask_ptr(compute, base, row_bytes, len(states))
+        else:
             for m, i in compute:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
-            return PendingFill(None, after)
-        # Rows grouped by template: the pool hands each thread a contiguous run of the list,
-        # so a thread mostly takes its own template's lock (Grammars._matcher).
-        compute.sort(key=lambda mi: states[mi[1]].shard)
-        pool, rows = self._pool(), len(states)
-        if not background:
-            pool.unsafe_compute_mask_ptr(compute, base, row_bytes, rows)
-            return PendingFill(None, after)
-        return PendingFill(_FILL_THREAD.submit(lambda: pool.unsafe_compute_mask_ptr(compute, base, row_bytes, rows)),
-                           after)  # fmt: skip
+        for i, j in copies:
+            ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
+        for key, i in store.items():
+            cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
 
     def pooled(self, states: Sequence[GrammarState], rows: int) -> bool:
         """Whether ``rows`` of these states' rows go to the pool: an executor, the C table,
