@@ -11,6 +11,7 @@ stream, forward and sampling on the forward stream, D2H on the copy stream.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -300,20 +301,22 @@ class ModelRunner:
         argmax of each constrained row over its mask, the plain argmax elsewhere (``argmax``,
         the graph's, when given), published over the graph's own tokens.
 
-        On CUDA one masked-argmax kernel pair that neither writes the logits nor reads a
-        disallowed token's logit (``masked_argmax_``). On a CPU the masks are applied in place
-        (the buffer is the graph's, rewritten by its next replay) before the argmax."""
+        With :data:`FUSED_ARGMAX_ROWS` constrained rows or more, on CUDA, one masked-argmax
+        kernel pair that neither writes the logits nor reads a disallowed token's logit
+        (``masked_argmax_``). Otherwise the masks are applied in place (the buffer is the
+        graph's, rewritten by its next replay) before the argmax."""
         assert dev.mask_rows is not None and dev.mask_bits is not None, "a masked step without its masks"
         self.masked_graph_steps += 1
-        if logits.is_cuda:
-            # Triton's raw writes, which autograd does not see: no inference_mode() (a profile
-            # on the H100 host charged ~0.23 ms a step to its exit).
+        if logits.is_cuda and dev.mask_rows.shape[0] >= FUSED_ARGMAX_ROWS:
             from aserve.kernels.bitmask import masked_argmax_
 
             tokens = argmax.clone() if argmax is not None else logits.argmax(dim=-1)
             masked_argmax_(tokens, logits, dev.mask_rows, dev.mask_bits)
         else:
-            with torch.inference_mode():
+            # On CUDA the masks are a Triton kernel's raw write, which autograd does not see:
+            # no inference_mode() (a profile on the H100 host charged ~0.23 ms a step to its
+            # exit). On a CPU they are torch ops on the graph's inference tensor, which need it.
+            with contextlib.nullcontext() if logits.is_cuda else torch.inference_mode():
                 apply_masks_(logits, dev.mask_rows, dev.mask_bits)
                 tokens = logits.argmax(dim=-1)
         self.future_map.publish(dev.rows, tokens, dev.gens)
@@ -473,6 +476,14 @@ def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:
     if dev.sbatch is None:
         return dataclasses.replace(dev, mask_bits=bits)
     return dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits))
+
+
+# Constrained greedy rows from which a step takes the fused masked argmax. On the H100 host
+# (session 20, docs/benchmarks.md) the pair cost ~150 us at 64 to 512 rows, mostly its two
+# Triton launches, against 81-131 us for the in-place masks and argmax at 64 rows and
+# 125-357 us at 256 (an open mask and the bench schema's); the engine's constrained step
+# took 0.07 ms less device time at 256 and 0.08 ms more at 64.
+FUSED_ARGMAX_ROWS = 128
 
 
 class _Logits(NamedTuple):

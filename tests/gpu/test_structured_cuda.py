@@ -73,10 +73,18 @@ def test_split_launch_matches_serial_and_keeps_the_grammar(tiny_llama: tuple[Pat
     assert plain_serial == plain_overlap  # an unconstrained neighbour is unchanged
 
 
-def test_greedy_constrained_rows_take_the_masked_argmax_after_the_decode_graph(tiny_llama: tuple[Path, Any]) -> None:
+@pytest.mark.parametrize("fused", [True, False], ids=["fused-argmax", "masks-in-place"])
+def test_greedy_constrained_rows_take_the_masked_argmax_after_the_decode_graph(
+    tiny_llama: tuple[Path, Any], fused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """All-greedy steps with constrained rows replay the decode graph and take the argmax of
-    the masked logits (no sampler inputs); eager and serial, through the sampler, is the
-    reference. With overlap the steps split (masks after the commit they need)."""
+    the masked logits (no sampler inputs), from the fused kernel pair or the masks applied in
+    place (a step's constrained rows against ``FUSED_ARGMAX_ROWS``); eager and serial,
+    through the sampler, is the reference. With overlap the steps split (masks after the
+    commit they need)."""
+    from aserve.device import runner
+
+    monkeypatch.setattr(runner, "FUSED_ARGMAX_ROWS", 1 if fused else 10**9)
     regex = StructuredOutputs(regex=PATTERN)
     jobs = [(f"request {i}:", aserve.SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=regex))
             for i in range(24)]  # fmt: skip
