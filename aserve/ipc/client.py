@@ -37,8 +37,9 @@ from aserve.engine.setup import load_tokenizer
 from aserve.engine.stream import RequestStream, collect_result
 from aserve.errors import AserveError, EngineClosedError, EngineFailedError
 from aserve.ipc import messages as m
+from aserve.ipc.delivery import deliver, deliver_columns, error_from, finish
 from aserve.logs import get_logger
-from aserve.outputs import CompletionResult, TokenLogprob
+from aserve.outputs import CompletionResult
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.req import Req
 from aserve.stats import EngineStats
@@ -51,15 +52,6 @@ HEARTBEAT_S = 1.0
 # The core's death is known at once (the socket's disconnect event); a core this long silent
 # is taken for hung. A core whose loop is held up by seconds of synchronous work is not.
 CORE_TIMEOUT_S = 15.0
-
-
-def error_from(name: str, message: str, param: str | None = None) -> AserveError:
-    cls = getattr(errors, name, None)
-    if not (isinstance(cls, type) and issubclass(cls, AserveError)):
-        cls = errors.RequestAbortedError
-    if issubclass(cls, errors.InvalidRequestError):
-        return cls(message, param=param)
-    return cls(message)
 
 
 class EngineClient:
@@ -152,7 +144,7 @@ class EngineClient:
         for reqs in list(self.live.values()):
             for req in reqs:
                 if not req.finished:
-                    self._finish(req, "abort")
+                    finish(req, "abort")
         with contextlib.suppress(Exception), anyio.move_on_after(1):
             await self._sock.send(m.encode(m.Bye()))
         await self._exit.aclose()
@@ -279,7 +271,7 @@ class EngineClient:
             return
         for r in reqs:
             if not r.finished:
-                self._finish(r, "abort")
+                finish(r, "abort")
         self._post(m.Abort([req.group_id]))
 
     # -- requests --------------------------------------------------------------------
@@ -338,13 +330,6 @@ class EngineClient:
             await event.wait()
         self._reply_events.pop(qid, None)
         return self._replies.pop(qid)
-
-    def _finish(self, req: Req, reason: str, stop_reason: str | int | None = None) -> None:
-        req.finish_reason = reason  # type: ignore[assignment]
-        req.stop_reason = stop_reason
-        req.finish_time = time.perf_counter()
-        if req.cell is not None:
-            req.cell.finish(req.finish_reason, stop_reason)  # type: ignore[arg-type]
 
     # -- coroutines ------------------------------------------------------------------
 
@@ -430,8 +415,8 @@ class EngineClient:
             msg = m.decode_to_front_end(await self._sock.recv())
             if isinstance(msg, m.Outputs):
                 if msg.rids:
-                    self._deliver_columns(msg)
-                self._deliver(msg.items)
+                    deliver_columns(self.live, msg)
+                deliver(self.live, msg.items, self._core_failed)
             elif isinstance(msg, m.Status):
                 self._status = msg
                 self._last_status = time.monotonic()
@@ -464,61 +449,3 @@ class EngineClient:
                 event = self._reply_events.get(msg.qid)
                 if event is not None:
                     event.set()
-
-    def _deliver_columns(self, msg: m.Outputs) -> None:
-        """A step's next tokens of choices past their first (``Outputs``' columns)."""
-        tokens, at = msg.token_ids, 0
-        for rid, index, count, cached in zip(msg.rids, msg.indexes, msg.counts, msg.cached, strict=True):
-            ids = tokens[at : at + count]
-            at += count
-            reqs = self.live.get(rid)
-            if reqs is None:
-                continue  # aborted here meanwhile
-            req = reqs[index]
-            cell = req.cell
-            if cell is None or req.finished:
-                continue
-            req.cached_prompt_tokens = cached
-            req.output_ids += ids
-            for token in ids:
-                cell.push(token, None)
-
-    def _deliver(self, items: Sequence[m.Output]) -> None:
-        """The core's outputs into the same cells a local engine fills."""
-        now = time.perf_counter()
-        for item in items:
-            reqs = self.live.get(item.rid)
-            if reqs is None:
-                continue  # aborted here meanwhile
-            req = reqs[item.index]
-            cell = req.cell
-            if cell is None or req.finished:
-                continue
-            req.cached_prompt_tokens = item.cached_tokens
-            if item.prompt_logprobs is not None:
-                cell.prompt_logprobs = [
-                    None if p is None else TokenLogprob(p[0], p[1], tuple((t, v) for t, v in p[2]))
-                    for p in item.prompt_logprobs
-                ]
-            if item.token_ids and req.first_token_time is None:
-                req.first_token_time = now
-            lps = item.logprobs
-            for k, token in enumerate(item.token_ids):
-                lp = None
-                if lps is not None:
-                    tid, logprob, top = lps[k]
-                    lp = TokenLogprob(tid, logprob, tuple((t, v) for t, v in top))
-                req.output_ids.append(token)
-                cell.push(token, lp)
-            if item.error is not None:
-                req.finish_reason = "abort"
-                cell.fail(error_from(item.error, item.error_message or item.error))
-                if item.error == EngineFailedError.__name__:
-                    # The engine's fault reaches this front end with its requests' errors,
-                    # maybe before the core's Status says so: /health must not lag the 503 sent.
-                    self._core_failed(item.error_message or item.error)
-            elif item.finish_reason is not None:
-                cell.text_limit = item.text_limit
-                self._finish(req, item.finish_reason, item.stop_reason)
-            if all(r.finished for r in reqs):
-                self.live.pop(item.rid, None)

@@ -13,6 +13,7 @@ from aserve.engine.cell import OutputCell
 from aserve.ipc import messages as m
 from aserve.ipc.client import EngineClient
 from aserve.ipc.core import collect_outputs
+from aserve.ipc.delivery import deliver, deliver_columns
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.req import Req
 from aserve.sync import Signal
@@ -89,7 +90,8 @@ def test_streams_past_their_first_tokens_go_in_columns() -> None:
 
 def _front_end_state(intervals: list[int], n: int, seed: int, columns: bool) -> list[tuple[object, ...]]:
     """The same steps delivered into a front end's own requests and cells by ``EngineClient``
-    (its ``_deliver_columns`` and ``_deliver``, as its receive loop calls them), one request
+    (``delivery.deliver_columns`` and ``deliver`` on its live requests, as its receive loop
+    calls them), one request
     aborted there halfway: what its consumers would read."""
     rng = random.Random(seed)
     core = _live(intervals, n)
@@ -120,8 +122,8 @@ def _front_end_state(intervals: list[int], n: int, seed: int, columns: bool) -> 
         got = m.decode_to_front_end(m.encode(msg))
         assert isinstance(got, m.Outputs)
         if got.rids:
-            client._deliver_columns(got)
-        client._deliver(got.items)
+            deliver_columns(client.live, got)
+        deliver(client.live, got.items, client._core_failed)
     return [
         (r.rid, r.index, list(r.output_ids), r.first_token_time is not None, r.finish_reason, r.cached_prompt_tokens,
          None if r.cell is None else (r.cell.text_limit, r.cell.pushed, r.cell.finished), r.rid in client.live)
