@@ -51,6 +51,7 @@ class FakeServer:
         self._stop: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.received = 0
+        self.finished = 0  # streams that sent their last event
         self._born = time.monotonic()
         self.log: dict[int, dict[str, list[float]]] = {}
 
@@ -62,6 +63,7 @@ class FakeServer:
                 Route("/metrics", lambda r: PlainTextResponse("aserve_device_busy_seconds_total 1.5\n")),
                 Route("/log", lambda r: JSONResponse(self.log)),
                 Route("/received", lambda r: JSONResponse(self.received)),
+                Route("/finished", lambda r: JSONResponse(self.finished)),
                 Route("/v1/completions", self._completions, methods=["POST"]),
             ]
         )
@@ -98,6 +100,7 @@ class FakeServer:
         yield _event({"id": "c", "object": "text_completion", "choices": [], "usage": usage})
         log["done"].append(time.perf_counter())
         yield b"data: [DONE]\n\n"
+        self.finished += 1
 
     def _serve(self) -> None:
         async def main() -> None:
@@ -129,6 +132,11 @@ class FakeServerProcess:
     def received(self) -> int:
         """Completion requests the server has taken (the log keys them by a prompt's first id)."""
         return int(httpx.get(self.base_url + "/received", timeout=5).json())
+
+    @property
+    def finished(self) -> int:
+        """Streams the server has sent to their end (``[DONE]``)."""
+        return int(httpx.get(self.base_url + "/finished", timeout=5).json())
 
     @property
     def log(self) -> dict[int, dict[str, list[float]]]:
