@@ -8,9 +8,9 @@ to decide (no penalty, no logprobs, no stop strings, no ``min_tokens``: the comm
 "plain"; a grammar is allowed, its rows listed apart) stay in a :class:`DecodeBatch` from
 the step after their prefill until they end: their rows, positions, slots and next output
 indexes live in plain lists (the policy imports no numpy), each step's are one list
-comprehension from the last's (a page is
-allocated only where a position starts a new page, one request in ``page_size`` a step), and
-the step's snapshot is a :class:`DecodeBlock` of columns rather than one object per request.
+comprehension from the last's (a page is allocated only where a position starts a new page,
+one request in ``page_size`` a step), and the step's snapshot is a :class:`DecodeBlock` of
+columns rather than one object per request.
 
 The requests' planned counters (``num_computed``, ``num_launched_outputs``) are still
 advanced on each ``Req``, so everything that reads a request (release, retraction, the
