@@ -302,16 +302,22 @@ class ModelRunner:
         the graph's, when given), published over the graph's own tokens.
 
         With :data:`FUSED_ARGMAX_ROWS` constrained rows or more, on CUDA, one masked-argmax
-        kernel pair that neither writes the logits nor reads a disallowed token's logit
-        (``masked_argmax_``). Otherwise the masks are applied in place (the buffer is the
-        graph's, rewritten by its next replay) before the argmax."""
+        kernel launch that neither writes the logits nor reads a disallowed token's logit and
+        publishes the constrained rows' tokens itself (``masked_argmax_``; the graph published
+        the others). Otherwise the masks are applied in place (the buffer is the graph's,
+        rewritten by its next replay) before the argmax."""
         assert dev.mask_rows is not None and dev.mask_bits is not None, "a masked step without its masks"
         self.masked_graph_steps += 1
         if logits.is_cuda and dev.mask_rows.shape[0] >= FUSED_ARGMAX_ROWS:
             from aserve.kernels.bitmask import masked_argmax_
 
-            tokens = argmax.clone() if argmax is not None else logits.argmax(dim=-1)
-            masked_argmax_(tokens, logits, dev.mask_rows, dev.mask_bits)
+            if argmax is not None:
+                # A copy: the graph's tokens are rewritten by its next replay, maybe before this
+                # step's copy to the host ran on the copy stream.
+                tokens = argmax.clone()
+                masked_argmax_(tokens, logits, dev.mask_rows, dev.mask_bits, (self.future_map.tokens, dev.rows))
+                return SampleOutput(tokens, None, None, None)
+            tokens = masked_argmax_(logits.argmax(dim=-1), logits, dev.mask_rows, dev.mask_bits)
         else:
             # On CUDA the masks are a Triton kernel's raw write, which autograd does not see:
             # no inference_mode() (a profile on the H100 host charged ~0.23 ms a step to its
@@ -478,12 +484,10 @@ def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:
     return dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits))
 
 
-# Constrained greedy rows from which a step takes the fused masked argmax. On the H100 host
-# (session 20, docs/benchmarks.md) the pair cost ~150 us at 64 to 512 rows, mostly its two
-# Triton launches, against 81-131 us for the in-place masks and argmax at 64 rows and
-# 125-357 us at 256 (an open mask and the bench schema's); the engine's constrained step
-# took 0.07 ms less device time at 256 and 0.08 ms more at 64.
-FUSED_ARGMAX_ROWS = 128
+# Constrained greedy rows from which a step takes the fused masked argmax. Session 20 measured
+# its first form (two Triton launches, ~150 us at any size on the H100 host) behind the in-place
+# masks below 128 rows; the one-launch form is measured in docs/benchmarks.md (session 21).
+FUSED_ARGMAX_ROWS = 1
 
 
 class _Logits(NamedTuple):

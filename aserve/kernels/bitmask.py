@@ -49,67 +49,114 @@ def apply_bitmask_(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor)
     return logits
 
 
-_ARGMAX_WORDS = 256  # mask words per program of the masked argmax: 8,192 tokens
+_ARGMAX_WORDS = 64  # mask words a program reads an iteration of the masked argmax: 2,048 tokens
+_NO_KEY = -1  # a row's combined key before any of its programs reported (every real key is >= 0)
 
 
 @triton.jit
-def _masked_argmax_partial(Logits, Rows, Bits, PMax, PIdx, stride_l, stride_b, vocab, nblocks,
-                           WORDS: tl.constexpr):  # fmt: skip
+def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows, stride_l, stride_b, vocab,
+                          words_per_program, nsplit, PUBLISH: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
     r = tl.program_id(0)
-    block = tl.program_id(1)
+    s = tl.program_id(1)
     row = tl.load(Rows + r).to(tl.int64)
-    words = block * WORDS + tl.arange(0, WORDS)
     nwords = (vocab + 31) // 32
-    bits = tl.load(Bits + r.to(tl.int64) * stride_b + words, mask=words < nwords, other=0)
+    first = s * words_per_program
+    end = tl.minimum(first + words_per_program, nwords)
     shifts = tl.arange(0, 32)
-    allowed = ((bits[:, None] >> shifts[None, :]) & 1) != 0  # [WORDS, 32]
-    tokens = words[:, None] * 32 + shifts[None, :]
-    keep = allowed & (tokens < vocab)
-    # A disallowed token's logit is never read: a row the grammar narrows to a few tokens
-    # costs its mask and the sectors holding those few.
-    x = tl.load(Logits + row * stride_l + tokens, mask=keep, other=float("-inf")).to(tl.float32)
-    best = tl.max(tl.max(x, axis=1), axis=0)
-    # The first of equal maxima, as torch.argmax: the least token holding the maximum (found
-    # by a min over [WORDS, 32], not an argmax over a reshaped block, whose ties the H100 broke
-    # otherwise than the interpreter did).
-    big = tl.full((WORDS, 32), 2**62, tl.int64)
-    at = tl.min(tl.min(tl.where(x == best, tokens.to(tl.int64), big), axis=1), axis=0)
-    tl.store(PMax + r * nblocks + block, best)
-    tl.store(PIdx + r * nblocks + block, at)
+    lane = tl.arange(0, WORDS)
+    bits_row = Bits + r.to(tl.int64) * stride_b
+    logits_row = Logits + row * stride_l
+    # Per position of the [WORDS, 32] tile: the largest logit seen there and the first token
+    # holding it (tokens rise from one iteration to the next, so a strict > keeps the first).
+    best = tl.full((WORDS, 32), float("-inf"), tl.float32)
+    at = tl.zeros((WORDS, 32), tl.int32)
+    for w0 in range(first, end, WORDS):
+        words = w0 + lane
+        bits = tl.load(bits_row + words, mask=words < end, other=0)
+        tokens = words[:, None] * 32 + shifts[None, :]
+        keep = (((bits[:, None] >> shifts[None, :]) & 1) != 0) & (tokens < vocab)
+        # A disallowed token's logit is never read: a row the grammar narrows to a few tokens
+        # costs its mask and the sectors holding those few.
+        x = tl.load(logits_row + tokens, mask=keep, other=float("-inf")).to(tl.float32)
+        take = x > best
+        best = tl.where(take, x, best)
+        at = tl.where(take, tokens, at)
+    # This program's maximum and the least token holding it (a min over the tile, not an argmax
+    # over a reshaped one, whose ties the H100 broke otherwise than the interpreter did). A
+    # program that saw no allowed token reports -inf at token 0, which loses to any finite
+    # maximum; a row with none at all gets token 0, as torch.argmax of an all -inf row.
+    m = tl.max(tl.max(best, axis=1), axis=0)
+    tok = tl.min(tl.min(tl.where(best == m, at, 2**31 - 1), axis=1), axis=0)
+    m = tl.where(m == 0.0, 0.0, m)  # -0.0 and +0.0 are one value to argmax
+    # The programs of a row meet in one int64 key a row: the maximum's bits made to sort as
+    # the float does, then the token reversed (the lesser token wins a tie). The last program
+    # to report reads the row's key, resets the scratch for the next launch and writes the token.
+    b = m.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
+    ordered = tl.where(b < 0x80000000, b | 0x80000000, 0xFFFFFFFF - b)
+    tl.atomic_max(Keys + r, (ordered << 31) | (0x7FFFFFFF - tok.to(tl.int64)))
+    if tl.atomic_add(Count + r, 1) == nsplit - 1:
+        key = tl.atomic_xchg(Keys + r, -1)
+        tl.atomic_xchg(Count + r, 0)
+        token = 0x7FFFFFFF - (key & 0x7FFFFFFF)
+        tl.store(Out + row, token)
+        if PUBLISH:
+            tl.store(FmTokens + tl.load(FmRows + row), token)
 
 
-@triton.jit
-def _masked_argmax_final(PMax, PIdx, Rows, Out, nblocks, NB: tl.constexpr):
-    r = tl.program_id(0)
-    blocks = tl.arange(0, NB)
-    inside = blocks < nblocks
-    m = tl.load(PMax + r * nblocks + blocks, mask=inside, other=float("-inf"))
-    idx = tl.load(PIdx + r * nblocks + blocks, mask=inside, other=0)
-    best = tl.max(m, axis=0)
-    # The lowest token among the blocks holding the maximum (blocks run in token order). A row
-    # whose grammar allows nothing is all -inf and gets token 0, as torch.argmax gives.
-    big = tl.full((NB,), 2**62, tl.int64)
-    tok = tl.min(tl.where(inside & (m == best), idx, big), axis=0)
-    tl.store(Out + tl.load(Rows + r).to(tl.int64), tok)
+class _Scratch:
+    """Each row's key and count of reporting programs, per (device, stream): the kernel leaves
+    them as it found them (-1, 0), so a launch needs no clearing kernel; launches on one
+    stream run one after another, on two streams they must not share."""
+
+    def __init__(self) -> None:
+        self._bufs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def get(self, device: torch.device, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        stream = torch.cuda.current_stream(device) if device.type == "cuda" else None
+        key = (device.index or 0, 0 if stream is None else stream.stream_id)
+        bufs = self._bufs.get(key)
+        if bufs is None or bufs[0].shape[0] < rows:
+            n = max(rows, 256)
+            bufs = (torch.full((n,), _NO_KEY, dtype=torch.int64, device=device),
+                    torch.zeros(n, dtype=torch.int32, device=device))  # fmt: skip
+            self._bufs[key] = bufs
+        return bufs
 
 
-def masked_argmax_(out: torch.Tensor, logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+_SCRATCH = _Scratch()
+
+
+def masked_argmax_(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    bits: torch.Tensor,
+    publish: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """``out[rows[i]] = argmax`` of ``logits[rows[i]]`` over the tokens ``bits[i]`` allows (the
-    first of equal maxima, as ``torch.argmax``); other entries of ``out`` are left alone.
+    first of equal maxima, as ``torch.argmax``); other entries of ``out`` are left alone. With
+    ``publish = (tokens, table_rows)`` each such token is also written to
+    ``tokens[table_rows[rows[i]]]`` (a FutureMap's mailboxes).
 
-    The same tokens as :func:`apply_bitmask_` then ``argmax``, without writing the logits: two
-    small kernels that read each row's mask and only the allowed tokens' logits. out: [B] int64;
-    logits: [B, V] (last dim contiguous); rows: [R] int64; bits: [R, ceil(V / 32)] int32; one
-    CUDA device, no host synchronisation. Returns ``out``."""
+    The same tokens as :func:`apply_bitmask_` then ``argmax``, without writing the logits, in one
+    kernel launch: each row's vocabulary is split over a few programs that read its mask and
+    only the allowed tokens' logits, and meet in an atomic maximum. out: [B] int64; logits:
+    [B, V] (last dim contiguous); rows: [R] int64; bits: [R, ceil(V / 32)] int32; one CUDA
+    device, no host synchronisation. Returns ``out``."""
     vocab = logits.shape[1]
     r = rows.shape[0]
     if r == 0:
         return out
     assert logits.stride(1) == 1 and bits.stride(1) == 1 and out.dtype == torch.int64
-    nblocks = triton.cdiv(triton.cdiv(vocab, 32), _ARGMAX_WORDS)
-    pmax = torch.empty((r, nblocks), dtype=torch.float32, device=logits.device)
-    pidx = torch.empty((r, nblocks), dtype=torch.int64, device=logits.device)
-    _masked_argmax_partial[(r, nblocks)](logits, rows, bits, pmax, pidx, logits.stride(0), bits.stride(0), vocab,
-                                         nblocks, WORDS=_ARGMAX_WORDS)  # fmt: skip
-    _masked_argmax_final[(r,)](pmax, pidx, rows, out, nblocks, NB=max(2, triton.next_power_of_2(nblocks)))
+    nwords = triton.cdiv(vocab, 32)
+    # Enough programs to keep the device's memory busy at a few rows (~512 in all), no more
+    # than one per iteration's worth of words.
+    nsplit = max(1, min(512 // r, triton.cdiv(nwords, _ARGMAX_WORDS)))
+    per = triton.cdiv(triton.cdiv(nwords, nsplit), _ARGMAX_WORDS) * _ARGMAX_WORDS
+    nsplit = triton.cdiv(nwords, per)
+    keys, count = _SCRATCH.get(logits.device, r)
+    fm_tokens, fm_rows = publish if publish is not None else (out, rows)
+    _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, out, keys, count, fm_tokens, fm_rows, logits.stride(0),
+                                       bits.stride(0), vocab, per, nsplit, PUBLISH=publish is not None,
+                                       WORDS=_ARGMAX_WORDS)  # fmt: skip
     return out

@@ -54,10 +54,13 @@ def test_no_rows_is_a_no_op() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("batch", "vocab", "rows"),
-                         [(5, 1000, [0, 2, 4]), (3, 20000, [1]), (4, 33, [3, 0, 1, 2]), (2, 9000, [1, 0])])  # fmt: skip
+                         [(5, 1000, [0, 2, 4]), (3, 20000, [1]), (4, 33, [3, 0, 1, 2]), (2, 9000, [1, 0]),
+                          (520, 4500, list(range(519, -1, -1)))])  # fmt: skip
 def test_masked_argmax_is_the_argmax_of_the_masked_logits(
     dtype: torch.dtype, batch: int, vocab: int, rows: list[int]
 ) -> None:
+    """Few distinct logits (many ties), against the torch definition; 520 rows make one
+    program a row, whose loop meets equal maxima at one tile position in turn."""
     from aserve.kernels.bitmask import masked_argmax_
 
     g = torch.Generator().manual_seed(vocab * 7 + batch)
@@ -83,3 +86,52 @@ def test_masked_argmax_is_the_argmax_of_the_masked_logits(
     assert (out[untouched] == -7).all()  # rows without a grammar are not written
     if len(rows) > 2:
         assert out[rows[2]].item() == vocab - 1
+
+
+def _masked_reference(logits: torch.Tensor, rows: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
+    masked = logits.clone()  # the torch definition, on either device
+    masked[rows] = masked[rows].masked_fill(~allowed_tokens(bits, logits.shape[1]), float("-inf"))
+    return masked.argmax(dim=-1)
+
+
+def test_masked_argmax_ties_across_programs_and_repeated_launches() -> None:
+    """A row's vocabulary split over several programs (20,000 tokens: ten), equal maxima in
+    different programs' ranges (the lesser token wins), -0.0 against +0.0 (one value), and
+    launch after launch on the same scratch (each leaves it as it found it)."""
+    from aserve.kernels.bitmask import masked_argmax_
+
+    vocab, batch = 20000, 3
+    rows = torch.tensor([2, 0, 1], dtype=torch.int64, device=DEVICE)
+    bits = torch.full((3, mask_words(vocab)), -1, dtype=torch.int32, device=DEVICE)
+    for trial in range(3):
+        logits = torch.full((batch, vocab), -5.0, device=DEVICE)
+        logits[2, 19000] = logits[2, 4100 + trial] = 3.0  # the tie, two programs apart
+        logits[0, 0] = -0.0
+        logits[0, 12345] = 0.0  # row 0: -0.0 first, then +0.0 further on: token 0
+        logits[1, 7 + trial] = 1.0
+        out = torch.full((batch,), -7, dtype=torch.int64, device=DEVICE)
+        masked_argmax_(out, logits, rows, bits)
+        assert out.tolist() == [0, 7 + trial, 4100 + trial] == _masked_reference(logits, rows, bits).tolist()
+
+
+@pytest.mark.parametrize("batch", [1, 6, 600])
+def test_masked_argmax_publishes_into_the_mailboxes(batch: int) -> None:
+    """With ``publish``, each constrained row's token also goes to its table row's mailbox (a
+    FutureMap's), and nothing else is written there; the tokens are the torch definition's."""
+    from aserve.kernels.bitmask import masked_argmax_
+
+    vocab = 3000
+    g = torch.Generator().manual_seed(batch)
+    logits = torch.randn(batch, vocab, generator=g).to(DEVICE)
+    rows = torch.arange(0, batch, 2, dtype=torch.int64, device=DEVICE)  # every other row constrained
+    bits = torch.randint(-(2**31), 2**31 - 1, (rows.shape[0], mask_words(vocab)), generator=g, dtype=torch.int32)
+    bits = bits.to(DEVICE)
+    table_rows = (torch.randperm(batch, generator=g) + 5).to(DEVICE)  # the step's rows in the table
+    mailboxes = torch.full((batch + 5,), -3, dtype=torch.int64, device=DEVICE)
+    out = torch.full((batch,), -7, dtype=torch.int64, device=DEVICE)
+    masked_argmax_(out, logits, rows, bits, publish=(mailboxes, table_rows))
+    expected = _masked_reference(logits, rows, bits)
+    assert torch.equal(out[rows], expected[rows])
+    want = torch.full_like(mailboxes, -3)
+    want[table_rows[rows]] = expected[rows]
+    assert torch.equal(mailboxes, want)
