@@ -276,12 +276,13 @@ class MaskFiller:
 
 
 def default_fill_threads() -> int:
-    """The executor's threads unless ``ASERVE_MASK_FILL`` says otherwise: a quarter of the
-    cores this process may run on, at most 8 (the rest plan, commit, serve and feed the
-    device); 1 (serial) below 8 cores. Not yet measured on the H200 host (docs/benchmarks.md,
-    "Issue 16: the lock behind the mask fill")."""
+    """The executor's threads unless ``ASERVE_MASK_FILL`` says otherwise: half the cores this
+    process may run on, at most 8 (the rest plan, commit, serve and feed the device; the pool's
+    threads run only while a step's masks fill); 1 (serial) below 8 cores. On four H100 hosts
+    of 16 cores (sessions 20 and 21, docs/benchmarks.md) 8 threads beat 4 in 9 of 12 paired
+    constrained decode runs at batch 64 and 256, the other three on one host."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return min(8, cpus // 4) if cpus >= 8 else 1
+    return min(8, cpus // 2) if cpus >= 8 else 1
 
 
 def allowed_tokens(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:
