@@ -52,6 +52,15 @@ _ANY_OBJECT_SCHEMA = json.dumps({"type": "object"})
 _JSON_LAYOUT: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+# Templates a grammar keeps per thread of the mask fill's pool (Grammars._matcher). With one
+# per thread, a step's rows grouped by template, the pool's threads still met on a template's
+# lexer lock (work stealing hands a thread part of another's run): on a 16-core H100 host 256
+# rows of the structured bench filled in 0.74 ms on 8 threads, 0.51 with 4 templates a thread,
+# 0.45 with 16 and 0.44 with a matcher of its own for every row (session 21, docs/benchmarks.md,
+# templates.py). Each template is compiled once (0.2-0.6 ms on this project's VM).
+TEMPLATES_PER_THREAD = 4
+
+
 class Grammars:
     """The engine's grammar compiler: an llguidance tokenizer and compiled-grammar cache."""
 
@@ -181,7 +190,8 @@ class Grammars:
         call alive (llguidance holds only its address)."""
         filler = self.filler if filler is None else filler
         compiled = self._compiled(spec)
-        shards = filler.threads if filler.kind == "executor" and self.token_table is not None else 1
+        pooled = filler.kind == "executor" and self.token_table is not None
+        shards = filler.threads * TEMPLATES_PER_THREAD if pooled else 1
         shard = compiled.turn % shards
         compiled.turn += 1
         matcher = self._matcher(compiled, shard)
@@ -197,7 +207,8 @@ class Grammars:
         copies of one template ran 1.9x slower than one thread, and llguidance's pool of two on
         copies of two templates (rows grouped by template) 1.8x faster than one thread
         (docs/benchmarks.md, "Issue 16: the lock behind the mask fill"). A grammar
-        therefore has up to one template per fill thread, each compiled on first use."""
+        therefore has up to :data:`TEMPLATES_PER_THREAD` templates per fill thread, each
+        compiled on first use."""
         import llguidance
 
         while len(compiled.templates) <= shard:
@@ -228,7 +239,7 @@ class Grammars:
 @dataclass
 class _Compiled:
     """A grammar's text, its templates (pristine matchers; requests get deep copies) and the
-    number of requests that took one (the next takes ``templates[turn % threads]``)."""
+    number of requests that took one (the next takes ``templates[turn % shards]``)."""
 
     grammar: str
     templates: list[Any]
