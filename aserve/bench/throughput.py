@@ -88,6 +88,9 @@ def run_throughput(
             "p90_decode_gap_us": sorted(gaps)[int(0.9 * (len(gaps) - 1))] * 1e6 if gaps else None,
             "device_busy_fraction": busy / span if span else None,
             "steady_decode_idle_fraction": steady_gap / (steady_busy + steady_gap) if steady else None,
+            # Decode alone, every request running (prefill and the last steps' ramp-down left out):
+            # a token a request a step over the device's span of those steps, idle included.
+            "steady_decode_tok_s": n * len(steady) / (steady_busy + steady_gap) if steady else None,
             "median_step_busy_ms": med([r.device_busy_s * 1e3 for r in decode]),
             "host_plan_ms_per_step": st.host_plan_s / st.num_steps * 1e3,
             "host_launch_ms_per_step": st.host_launch_s / st.num_steps * 1e3,

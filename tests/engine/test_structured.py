@@ -268,11 +268,11 @@ async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial() -
 @pytest.mark.slow
 async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypatch: pytest.MonkeyPatch) -> None:
     """40 seeded sampled requests over the ten schemas: the engine filling its masks on
-    llguidance's pool (requests spread over two templates per grammar) draws the tokens it
+    llguidance's pool (requests spread over each grammar's templates) draws the tokens it
     draws with the serial fill. float32 steps, so a row's numbers do not depend on the batch."""
     pytest.importorskip("aserve.sampling._grammar_tokens")
     jobs = [(PROMPTS[i % 4], _params(StructuredOutputs(json=SCHEMAS[i % 10]), seed=i)) for i in range(40)]
-    from aserve.sampling import masks
+    from aserve.sampling import grammar, masks
 
     monkeypatch.setattr(masks, "_MIN_POOL_ADVANCE", 32)  # the commit's advance on the pool too
     runs = {}
@@ -292,7 +292,8 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
                 assert filler._executor is not None, "no step had enough constrained rows for the pool"
                 assert filler.pool_consumes > 0, "no commit advanced its grammar rows on the pool"
                 templates = grammars._cache[StructuredOutputs(json=SCHEMAS[0]).key].templates
-                assert len(templates) == 2
+                # Its four requests took the grammar's templates in turn (TEMPLATES_PER_THREAD a thread).
+                assert len(templates) == min(2 * grammar.TEMPLATES_PER_THREAD, 4)
     assert runs["serial"] == runs["executor:2"]
 
 
