@@ -43,6 +43,11 @@ log = get_logger("aserve.grammar")
 
 # Compiled grammars kept (a pristine matcher each; requests get deep copies).
 _CACHE_SIZE = 256
+# Templates kept across all of them (a used template's lexer held ~0.2-0.3 MiB on this
+# project's VM for the bench schemas): past it the least recently used grammars are dropped
+# (recompiled if asked again; live requests keep their copies), and a grammar alone over it
+# shares the templates it has.
+_MAX_TEMPLATES = 1024
 # A JSON object of any shape (OpenAI's response_format json_object).
 _ANY_OBJECT_SCHEMA = json.dumps({"type": "object"})
 # JSON is written as json.dumps writes it: ", " and ": " and no other whitespace. With the
@@ -86,6 +91,7 @@ class Grammars:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], _Compiled] = OrderedDict()  # compiled grammars by key
+        self._templates = 0  # templates across the cache (_MAX_TEMPLATES)
         self.masks = MaskCache()  # this vocabulary's masks by grammar and committed prefix
 
     def _build(self) -> None:
@@ -211,9 +217,23 @@ class Grammars:
         compiled on first use."""
         import llguidance
 
-        while len(compiled.templates) <= shard:
-            compiled.templates.append(llguidance.LLMatcher(self._ll(), compiled.grammar, log_level=0))
-        return compiled.templates[shard].deep_copy()
+        templates = compiled.templates
+        while len(templates) <= shard:
+            if self._templates >= _MAX_TEMPLATES and not self._drop_lru_but(compiled):
+                return templates[shard % len(templates)].deep_copy()
+            templates.append(llguidance.LLMatcher(self._ll(), compiled.grammar, log_level=0))
+            self._templates += 1
+        return templates[shard].deep_copy()
+
+    def _drop_lru_but(self, keep: _Compiled) -> bool:
+        """Drop the least recently used grammar other than ``keep`` (for its templates' memory);
+        False if there is none."""
+        for key, compiled in self._cache.items():
+            if compiled is not keep:
+                del self._cache[key]
+                self._templates -= len(compiled.templates)
+                return True
+        return False
 
     def _compiled(self, spec: StructuredOutputs) -> _Compiled:
         import llguidance
@@ -229,8 +249,9 @@ class Grammars:
                     param="structured_outputs",
                 )
             compiled = self._cache[key] = _Compiled(grammar, [first])
+            self._templates += 1
             if len(self._cache) > _CACHE_SIZE:
-                self._cache.popitem(last=False)
+                self._templates -= len(self._cache.popitem(last=False)[1].templates)
         else:
             self._cache.move_to_end(key)
         return compiled

@@ -364,3 +364,40 @@ def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> 
     assert all(r.prefix is None for r in rows if not r.done)
     # Per step and walk: the first row computes (and its mask is stored), the other two copy it.
     assert cache.hits - hits0 >= 2 * MASK_CACHE_PREFIX, (cache.hits, hits0)
+
+
+def test_templates_across_grammars_stay_under_the_cap(grammars: Grammars, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past ``_MAX_TEMPLATES`` the least recently used grammars are dropped for their templates
+    (a later request recompiles); a grammar alone over it shares the templates it has; every
+    state still computes the masks a fresh serial one does."""
+    pytest.importorskip("aserve.sampling._grammar_tokens")
+    import torch
+
+    from aserve.sampling import grammar
+    from aserve.sampling.masks import MaskCache, MaskFiller
+
+    monkeypatch.setattr(grammar, "_MAX_TEMPLATES", 6)
+    monkeypatch.setattr(grammar, "TEMPLATES_PER_THREAD", 4)
+    grammars._cache.clear()
+    grammars._templates = 0
+    grammars.masks = MaskCache()
+    filler = MaskFiller("executor:2")  # 8 shards a grammar
+    specs = [StructuredOutputs(regex=f"[0-9]{{{n}}}") for n in (2, 3, 4)]
+    states = []
+    for spec in specs[:2]:
+        states += [grammars.state(spec, filler, cached=False) for _ in range(3)]
+    assert grammars._templates == 6 and len(grammars._cache) == 2
+    states += [grammars.state(specs[2], filler, cached=False) for _ in range(2)]  # drops the first grammar
+    assert specs[0].key not in grammars._cache and grammars._templates == 5
+    states += [grammars.state(specs[2], filler, cached=False) for _ in range(6)]  # alone over the cap
+    assert list(grammars._cache) == [specs[2].key] and grammars._templates == 6
+    assert len(grammars._cache[specs[2].key].templates) == 6
+    assert {st.shard for st in states[-8:]} == set(range(8))  # shards 6 and 7 share templates 0 and 1
+    words = mask_words(grammars.vocab_size)
+    got = torch.zeros((len(states), words), dtype=torch.int32)
+    filler.fill(states, got.data_ptr(), words * 4)
+    want = torch.cat([fill_masks([grammars.state(sp, MaskFiller("serial"), cached=False)])
+                      for sp in [specs[0]] * 3 + [specs[1]] * 3 + [specs[2]] * 8])  # fmt: skip
+    assert torch.equal(got, want)
+    grammars._cache.clear()  # the module's other tests compile what they need afresh
+    grammars._templates = 0
