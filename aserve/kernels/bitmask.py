@@ -7,6 +7,10 @@ masked rows twice: at 256 rows of a 262k vocabulary that is over 1 GB of device 
 several kernels a step. Here each program reads 32 words of one row's mask and the matching
 1,024 logits, and writes ``-inf`` where a bit is clear. Bit ``t % 32`` of word ``t // 32``
 allows token ``t`` (llguidance's layout). Used on CUDA; the CPU keeps the torch ops.
+
+A greedy constrained step needs only each row's argmax over its allowed tokens:
+:func:`masked_argmax_` takes it in one launch without writing the logits, and can publish the
+tokens into the FutureMap itself.
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows
     ordered = tl.where(b < 0x80000000, b | 0x80000000, 0xFFFFFFFF - b)
     tl.atomic_max(Keys + r, (ordered << 31) | (0x7FFFFFFF - tok.to(tl.int64)))
     if tl.atomic_add(Count + r, 1) == nsplit - 1:
-        key = tl.atomic_xchg(Keys + r, -1)
+        key = tl.atomic_xchg(Keys + r, -1)  # _NO_KEY
         tl.atomic_xchg(Count + r, 0)
         token = 0x7FFFFFFF - (key & 0x7FFFFFFF)
         tl.store(Out + row, token)

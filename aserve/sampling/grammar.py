@@ -91,7 +91,6 @@ class Grammars:
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], _Compiled] = OrderedDict()  # compiled grammars by key
-        self._templates = 0  # templates across the cache (_MAX_TEMPLATES)
         self.masks = MaskCache()  # this vocabulary's masks by grammar and committed prefix
 
     def _build(self) -> None:
@@ -222,8 +221,13 @@ class Grammars:
             if self._templates >= _MAX_TEMPLATES and not self._drop_lru_but(compiled):
                 return templates[shard % len(templates)].deep_copy()
             templates.append(llguidance.LLMatcher(self._ll(), compiled.grammar, log_level=0))
-            self._templates += 1
         return templates[shard].deep_copy()
+
+    @property
+    def _templates(self) -> int:
+        """Templates across the cache (held to :data:`_MAX_TEMPLATES`; counted only when one
+        is about to be compiled)."""
+        return sum(len(c.templates) for c in self._cache.values())
 
     def _drop_lru_but(self, keep: _Compiled) -> bool:
         """Drop the least recently used grammar other than ``keep`` (for its templates' memory);
@@ -231,7 +235,6 @@ class Grammars:
         for key, compiled in self._cache.items():
             if compiled is not keep:
                 del self._cache[key]
-                self._templates -= len(compiled.templates)
                 return True
         return False
 
@@ -249,9 +252,8 @@ class Grammars:
                     param="structured_outputs",
                 )
             compiled = self._cache[key] = _Compiled(grammar, [first])
-            self._templates += 1
             if len(self._cache) > _CACHE_SIZE:
-                self._templates -= len(self._cache.popitem(last=False)[1].templates)
+                self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(key)
         return compiled

@@ -379,7 +379,6 @@ def test_templates_across_grammars_stay_under_the_cap(grammars: Grammars, monkey
     monkeypatch.setattr(grammar, "_MAX_TEMPLATES", 6)
     monkeypatch.setattr(grammar, "TEMPLATES_PER_THREAD", 4)
     grammars._cache.clear()
-    grammars._templates = 0
     grammars.masks = MaskCache()
     filler = MaskFiller("executor:2")  # 8 shards a grammar
     specs = [StructuredOutputs(regex=f"[0-9]{{{n}}}") for n in (2, 3, 4)]
@@ -400,4 +399,3 @@ def test_templates_across_grammars_stay_under_the_cap(grammars: Grammars, monkey
                       for sp in [specs[0]] * 3 + [specs[1]] * 3 + [specs[2]] * 8])  # fmt: skip
     assert torch.equal(got, want)
     grammars._cache.clear()  # the module's other tests compile what they need afresh
-    grammars._templates = 0
