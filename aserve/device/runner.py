@@ -379,14 +379,12 @@ class ModelRunner:
         if defer:
             grammar = host.grammar_states
 
-            def finish(filled: torch.Tensor | None) -> None:
-                masked = _with_masks(dev, fill_masks(grammar) if filled is None else filled)
+            def finish() -> None:
+                masked = _with_masks(dev, fill_masks(grammar))
                 step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
                 sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked))
 
             step.finish_launch = finish
-            step.mask_states = grammar
-            step.mask_buffer = lambda: torch.empty((len(grammar), mask_words(grammar[0].vocab_size)), dtype=torch.int32)
         else:
             sample_and_copy(lambda: self._device_work(dev))
         return step
@@ -421,15 +419,10 @@ class ModelRunner:
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
             grammar = host.grammar_states
 
-            def finish(filled: torch.Tensor | None) -> None:
-                # The masks, filled straight into pinned memory (here, or by a GrammarJob: then
-                # ``filled``), then the sampler and the copy out.
+            def finish() -> None:
+                # The masks, filled straight into pinned memory, then the sampler and the copy out.
                 keep: list[torch.Tensor] = []
-                if filled is None:
-                    masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
-                else:
-                    masked = _with_masks(dev, self._copy_masks(filled))
-                    keep.append(filled)
+                masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
                 self.forward_stream.wait_stream(self.schedule_stream)
                 assert forward_end is not None
                 sampler_begin = self._record(self.forward_stream, f"step{index}.sampler_begin")
@@ -438,8 +431,6 @@ class ModelRunner:
                 step.keepalive += [masked, out, *keep]
 
             step.finish_launch = finish
-            step.mask_states = grammar
-            step.mask_buffer = lambda: self._mask_buffer(index, grammar)
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
@@ -453,20 +444,13 @@ class ModelRunner:
     def _upload_masks(self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor]) -> torch.Tensor:
         """The rows' masks, filled straight into pinned memory and copied on the schedule
         stream (the forward stream waits for it); the pinned buffer goes into ``keep``."""
-        pinned = self._mask_buffer(index, grammar)
-        fill_masks(grammar, pinned)
-        keep.append(pinned)
-        return self._copy_masks(pinned)
-
-    def _mask_buffer(self, index: int, grammar: list[GrammarState]) -> torch.Tensor:
-        """Step ``index``'s pinned [rows, words] int32 mask buffer."""
         words = mask_words(grammar[0].vocab_size)
-        return self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
-
-    def _copy_masks(self, pinned: torch.Tensor) -> torch.Tensor:
-        """The masks to the device on the schedule stream (the forward stream waits for it)."""
+        pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
+        fill_masks(grammar, pinned)
         with on_stream(self.schedule_stream):
-            return pinned.to(self.device, non_blocking=True)
+            bits = pinned.to(self.device, non_blocking=True)
+        keep.append(pinned)
+        return bits
 
     def _sample_cuda(
         self, index: int, work: Callable[[], SampleOutput], bufs: dict[str, torch.Tensor], step: Step | None

@@ -69,12 +69,7 @@ class Step:
     read_host: Callable[[], StepOutputs] | None = None
     # A split launch (constrained rows whose masks wait for earlier steps' commits): launches
     # the sampler and the copy out, resolving ``materialized`` and ``copied``; None once done.
-    # Its argument: the masks, filled already (a GrammarJob's ``out``), or None to fill them.
-    finish_launch: Callable[[Any], None] | None = None
-    # A split launch's constrained rows (GrammarState), and the [rows, words] int32 host
-    # buffer a GrammarJob may fill their masks into (pinned on CUDA): a call that takes it.
-    mask_states: list[Any] = field(default_factory=list)
-    mask_buffer: Callable[[], Any] | None = None
+    finish_launch: Callable[[], None] | None = None
     # A split step's (forward ended, sampler began): the device idles between them while the
     # host commits the steps before and fills the masks; the recorder counts it as a gap.
     split_gap: tuple[DeviceEvent, DeviceEvent] | None = None

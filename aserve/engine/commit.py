@@ -12,20 +12,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from aserve.device.step import Step, StepOutputs
 from aserve.logs import get_logger
 from aserve.outputs import TokenLogprob
-from aserve.sampling.masks import GrammarJob, GrammarState, advance_all, start_job
+from aserve.sampling.masks import advance_all
 from aserve.scheduler.decode_batch import DecodeBlock
 from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 from aserve.tokenizer.detokenizer import IncrementalDetokenizer
 from aserve.tokenizer.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    import torch
 
 log = get_logger("aserve.commit")
 
@@ -55,48 +51,24 @@ class Committer:
         Each request appears once in a step and nothing in :meth:`finish_commit` touches a
         matcher, so this is what advancing each in turn within the loop gave. The matchers are
         all a split step's masks read: the step loop fills them and launches that step's
-        sampler between the two parts."""
-        rows = self._advancing(step)
-        if not rows:
+        sampler between the two parts. A finished request's row is overshoot: not advanced."""
+        if not step.grammar_rows:
             return {}
         token_ids = step.read_outputs().token_ids
-        ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
-        return {i: took for (i, _), took in zip(rows, ok, strict=True)}
-
-    def advance_beside(
-        self, step: Step, fill_states: list[GrammarState], out: torch.Tensor
-    ) -> tuple[GrammarJob, Callable[[], dict[int, bool]]]:
-        """:meth:`advance`, then the split step's masks (``fill_states`` into ``out``), begun
-        on the helper thread (a :class:`GrammarJob`): the caller commits beside it with
-        :meth:`finish_commit`, passing the returned verdicts (which wait for the advance)."""
-        rows = self._advancing(step)
-        token_ids = step.read_outputs().token_ids if rows else []
-        job = start_job([g for _, g in rows], [token_ids[i] for i, _ in rows], fill_states, out)
-
-        def verdicts() -> dict[int, bool]:
-            return {i: took for (i, _), took in zip(rows, job.verdicts(), strict=True)}
-
-        return job, verdicts
-
-    @staticmethod
-    def _advancing(step: Step) -> list[tuple[int, GrammarState]]:
-        """The step's grammar rows whose requests go on (a finished request's row is
-        overshoot: not advanced)."""
-        if not step.grammar_rows:
-            return []
         block, entries = step.block, step.entries
         n = 0 if block is None else len(block)
-        return [
+        rows = [
             (i, g)
             for i, g in step.grammar_rows
             if (entries[i - n].req if i >= n else block.reqs[i]).finish_reason is None  # type: ignore[union-attr]
         ]
+        if not rows:
+            return {}
+        ok = advance_all([g for _, g in rows], [token_ids[i] for i, _ in rows])
+        return {i: took for (i, _), took in zip(rows, ok, strict=True)}
 
-    def finish_commit(self, step: Step, advanced: dict[int, bool] | Callable[[], dict[int, bool]]) -> None:
-        """The rest of the commit, after :meth:`advance`: outputs, stops, cells, releases.
-        ``advanced``: :meth:`advance`'s verdicts, or a call that waits for them (an advance
-        beside this commit, :meth:`advance_beside`): a block's tokens are then appended and
-        streamed first, and its constrained members' ends decided once the verdicts are in."""
+    def finish_commit(self, step: Step, advanced: dict[int, bool]) -> None:
+        """The rest of the commit, after :meth:`advance`: outputs, stops, cells, releases."""
         outs = step.read_outputs()
         token_ids, with_logprobs = outs.token_ids, outs.logprobs is not None
         now = time.perf_counter()
@@ -106,8 +78,6 @@ class Committer:
         if block is not None:
             block_tokens = token_ids[:n] if entries else token_ids
             self._commit_block(block, block_tokens, now, advanced)
-        if callable(advanced):
-            advanced = advanced() if any(i >= n for i, _ in step.grammar_rows) else {}
         # Before the entries: the last prompt chunk's logprobs must be whole when its first
         # token reaches the cell.
         row = 0
@@ -146,26 +116,18 @@ class Committer:
             if req.finish_reason is not None:
                 self.scheduler.release_if_done(req)
 
-    def _commit_block(
-        self,
-        block: DecodeBlock,
-        token_ids: list[int],
-        now: float,
-        advanced: dict[int, bool] | Callable[[], dict[int, bool]],
-    ) -> None:
+    def _commit_block(self, block: DecodeBlock, token_ids: list[int], now: float, advanced: dict[int, bool]) -> None:
         """A block's decodes (no logprobs, stop strings or ``min_tokens``; a grammar maybe,
-        advanced: ``advanced`` by index, or a call that waits for it): ``_append`` with the
-        branches these requests never take left out. A row's generation cannot change while a
-        step in flight holds its request (rows return at the safe point), so the general
-        path's generation check runs here in debug mode only."""
+        already advanced: ``advanced`` by index): ``_append`` with the branches these
+        requests never take left out. A row's generation cannot change while a step in
+        flight holds its request (rows return at the safe point), so the general path's
+        generation check runs here in debug mode only."""
         reqs = block.reqs
         if self.scheduler.config.debug:
             for req, gen in zip(reqs, block.gens, strict=True):
                 assert req.finish_reason is not None or req.generation == gen, f"{req.rid}: row generation changed"
         committed = 0
         release = self.scheduler.release_if_done
-        later: list[int] = []  # constrained members whose ends wait for the verdicts
-        waits = callable(advanced)
         for i, (req, token) in enumerate(zip(reqs, token_ids, strict=True)):
             req.inflight -= 1
             assert req.inflight >= 0, f"{req.rid}: more commits than launches"
@@ -180,43 +142,20 @@ class Committer:
             cell = req.cell
             assert cell is not None, f"{req.rid} was admitted without an output cell"
             cell.push(token, None)
-            if req.grammar is not None:
-                if waits:
-                    later.append(i)
-                elif self._ends_constrained(req, token, advanced[i]):  # type: ignore[index]
-                    release(req)
-                continue
-            if token in req.stop_ids:
+            grammar = req.grammar
+            if grammar is not None and not advanced[i]:  # as in _append (a live member was advanced)
+                log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar.error)
+                self.finish(req, "stop")
+            elif token in req.stop_ids:
                 self.finish(req, "stop", token if token in req.params.stop_token_ids else None)
+            elif grammar is not None and grammar.done:
+                self.finish(req, "stop")
             elif len(outputs) >= req.max_new_tokens:
                 self.finish(req, "length")
             else:
                 continue
             release(req)
-        if later:
-            verdicts = advanced()  # type: ignore[operator]
-            for i in later:
-                if self._ends_constrained(reqs[i], token_ids[i], verdicts[i]):
-                    release(reqs[i])
         self.output_tokens += committed
-
-    def _ends_constrained(self, req: Req, token: int, took: bool) -> bool:
-        """A block's constrained member after its token: ends it if it is done (as
-        :meth:`_append` decides, a live member having been advanced); whether it ended."""
-        grammar = req.grammar
-        assert grammar is not None
-        if not took:
-            log.warning("grammar_rejected_token", rid=req.rid, token=token, error=grammar.error)
-            self.finish(req, "stop")
-        elif token in req.stop_ids:
-            self.finish(req, "stop", token if token in req.params.stop_token_ids else None)
-        elif grammar.done:
-            self.finish(req, "stop")
-        elif len(req.output_ids) >= req.max_new_tokens:
-            self.finish(req, "length")
-        else:
-            return False
-        return True
 
     @staticmethod
     def _prompt_logprobs(req: Req, outs: StepOutputs, row: int, first: int, count: int) -> None:

@@ -35,7 +35,6 @@ import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 import anyio
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
@@ -50,7 +49,6 @@ from aserve.engine.recorder import StepRecorder
 from aserve.engine.watchdog import LoopWatchdog
 from aserve.errors import EngineClosedError, EngineFailedError, KVAllocationError, KVCapacityError
 from aserve.logs import get_logger
-from aserve.sampling.masks import beside_commit
 from aserve.scheduler.policy import Blocked, Plan, Scheduler
 from aserve.scheduler.req import Req
 from aserve.sync import Signal
@@ -101,12 +99,6 @@ class StepLoop:
         self.early_sampler = os.environ.get("ASERVE_EARLY_SAMPLER", "1") != "0"
         self.early_samplers = 0  # split steps' samplers launched between a commit's two parts
         self.launched_behind = 0  # ... with the next step launched before that commit's second part
-        # With the masks filled on the pool, the commit before a split step runs beside its
-        # grammar work instead (a GrammarJob on the helper thread: the advance, then the masks),
-        # and the sampler goes once both are done. ``ASERVE_GRAMMAR_BESIDE=0`` keeps the two-part
-        # commit above, to measure one against the other.
-        self.grammar_beside = os.environ.get("ASERVE_GRAMMAR_BESIDE", "1") != "0"
-        self.commits_beside = 0  # commits made beside a split step's grammar work
         self._deferred: Step | None = None
         self._sampled = Signal()
         self.planned_ahead = 0  # steps planned while a split step's sampler waited (depth 3)
@@ -293,39 +285,7 @@ class StepLoop:
                 try:
                     if self.debug:
                         self._track_pages(step, None, -1)
-                    beside = (
-                        self.early_sampler
-                        and self.grammar_beside
-                        and deferred is not None
-                        and self._uncommitted == {step, deferred}
-                        and beside_commit(deferred.mask_states)
-                    )
-                    if beside:
-                        # The last step before a split one, whose masks fill on the pool: its
-                        # grammar rows advance and that step's masks fill on the helper thread
-                        # (GIL-free in llguidance) while this thread commits the step; the
-                        # sampler goes once both are done, the step planned meanwhile (depth 3)
-                        # behind it.
-                        assert deferred is not None and deferred.mask_buffer is not None
-                        job, verdicts = self.committer.advance_beside(
-                            step, deferred.mask_states, deferred.mask_buffer()
-                        )
-                        try:
-                            self.committer.finish_commit(step, verdicts)
-                            commit_s = time.perf_counter() - t0
-                            t1 = time.perf_counter()
-                            masks = job.wait()
-                        except BaseException:
-                            job.settle()  # its buffer and matchers are the job's until it ends
-                            raise
-                        deferred.launch_s += time.perf_counter() - t1
-                        if not self._finish_launch(deferred, masks):
-                            return
-                        self.commits_beside += 1
-                        launched = len(self._launched_at)
-                        await anyio.lowlevel.checkpoint()
-                        self.launched_behind += len(self._launched_at) > launched
-                    elif self.early_sampler and deferred is not None and self._uncommitted == {step, deferred}:
+                    if self.early_sampler and deferred is not None and self._uncommitted == {step, deferred}:
                         # The last step before a split one: once its grammar rows have advanced
                         # (all the split step's masks read), that step's sampler goes, and the
                         # step planned meanwhile (depth 3) is launched behind it, before the rest
@@ -360,21 +320,20 @@ class StepLoop:
                 self.slots.release()
                 self.work.set()
 
-    def _finish_launch(self, step: Step, masks: Any = None) -> bool:
-        """Launch a split step's sampler (its masks read the matchers just advanced, or are
-        ``masks``, filled beside the commit); False if that broke the engine."""
+    def _finish_launch(self, step: Step) -> bool:
+        """Launch a split step's sampler (its masks read the matchers just advanced); False if
+        that broke the engine."""
         assert step.finish_launch is not None
         t0 = time.perf_counter()
         self._launching_since = time.monotonic()
         try:
-            step.finish_launch(masks)
+            step.finish_launch()
         except Exception as exc:
             self._fail_everything(f"launching step {step.index}'s sampler raised {exc!r}", exc)
             return False
         finally:
             self._launching_since = None
-        step.finish_launch = step.mask_buffer = None
-        step.mask_states = []
+        step.finish_launch = None
         step.launch_s += time.perf_counter() - t0
         self._deferred = None
         self._sampled.set()

@@ -10,18 +10,13 @@ commit's advance of the matchers. The grammars themselves are compiled in
 * sampling (device): the sampler sends masked-out logits to -inf (aserve/kernels/bitmask.py
   on CUDA, ``apply_masks_``'s C pass on a CPU);
 * commit: :func:`advance_all` advances the matchers by the sampled tokens; a matcher that is
-  stopped (the language allows nothing more) ends the request with ``"stop"``;
-* both beside the commit: with the fill on the pool, a :class:`GrammarJob` advances a step's
-  matchers and fills the next step's masks on a helper thread while the event loop's thread
-  commits the step (what else of the commit it does then: ``docs/architecture.md``).
+  stopped (the language allows nothing more) ends the request with ``"stop"``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
-import queue
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -68,10 +63,10 @@ class GrammarState:
         self.shard = shard  # the template the matcher was copied from (Grammars._matcher)
         self.filler = filler  # what fills its masks (fill_masks; serially if None)
         self.prefix: list[int] | None = [] if cache is not None and key is not None else None
-        # As of the last advance: the commit reads these while a GrammarJob's fill may hold the
-        # matcher (llguidance refuses a call on a matcher another thread is using).
-        self.done = False  # the language allows no further token (the output is complete)
-        self.error = ""  # why the grammar refused the last token, if it did
+        # As of the last advance (the only calls that move a matcher), read by the commit and
+        # the fill: two calls into llguidance a row fewer there.
+        self.done = bool(matcher.is_stopped())  # the language allows no further token (the output is complete)
+        self.error = str(matcher.get_error()) if matcher.is_error() else ""  # why the grammar refused a token
 
     def advance(self, token: int) -> bool:
         """Consume a committed token; False if the grammar did not allow it."""
@@ -188,120 +183,6 @@ def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) 
     filler = states[0].filler
     (MaskFiller("serial") if filler is None else filler).fill(states, masks.data_ptr(), words * 4)
     return masks
-
-
-class GrammarJob:
-    """A split step's grammar work beside the commit of the step before it, made on the helper
-    thread (:func:`start_job`): that commit's advance (:func:`advance_all` of ``states`` by
-    ``tokens``), then the split step's masks (:func:`fill_masks` of ``fill_states`` into ``out``).
-
-    Meant for the pool: its two calls release the GIL, so the event loop's thread commits
-    beside them. Until :meth:`wait` returns, that thread must not call these matchers (the
-    pool holds them) or fill masks (the mask cache is the job's); it reads each state's
-    ``done`` and ``error``, recorded at the advance, and the advance's verdicts from
-    :meth:`verdicts`."""
-
-    __slots__ = ("_advanced", "_done", "_work", "error", "ok", "out", "started")
-
-    def __init__(
-        self,
-        states: Sequence[GrammarState],
-        tokens: Sequence[int],
-        fill_states: Sequence[GrammarState],
-        out: torch.Tensor,
-    ) -> None:
-        self.out = out
-        self.ok: list[bool] | None = None
-        self.error: BaseException | None = None
-        self.started = threading.Event()
-        self._advanced = threading.Event()
-        self._done = threading.Event()
-        self._work: tuple[Sequence[GrammarState], Sequence[int], Sequence[GrammarState]] | None = (
-            states, tokens, fill_states)  # fmt: skip
-
-    def run(self) -> None:
-        """The work, on the helper thread."""
-        assert self._work is not None
-        states, tokens, fill_states = self._work
-        self._work = None  # nothing of the step stays referenced once the job is done
-        try:
-            self.ok = advance_all(states, tokens) if states else []
-            self._advanced.set()
-            fill_masks(fill_states, self.out)
-        except BaseException as exc:  # handed to the waiter
-            self.error = exc
-        finally:
-            self._advanced.set()
-            self._done.set()
-
-    def verdicts(self) -> list[bool]:
-        """Whether each state's grammar took its token, once the advance is done (raises what
-        the job raised if it failed before that)."""
-        self._advanced.wait()
-        if self.ok is None:
-            assert self.error is not None
-            raise self.error
-        return self.ok
-
-    def wait(self) -> torch.Tensor:
-        """The masks (``out``), whole; raises what the job raised."""
-        self._done.wait()
-        if self.error is not None:
-            raise self.error
-        return self.out
-
-    def settle(self) -> None:
-        """Wait, dropping what the job raised (a failing engine's cleanup: the memory the
-        job writes must not be reused while it runs)."""
-        with contextlib.suppress(BaseException):
-            self.wait()
-
-
-class _HelperThread:
-    """The one Python thread that runs :class:`GrammarJob` s.
-
-    The submitting thread waits until this one has taken the job: this thread then holds the
-    GIL until llguidance's pool call releases it, so the submitter's Python runs beside the
-    pool's native threads instead of leaving this one waiting on the GIL for its switch
-    interval (5 ms by default). Holds nothing of an engine between jobs."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[GrammarJob] = queue.SimpleQueue()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
-
-    def submit(self, job: GrammarJob) -> GrammarJob:
-        with self._lock:
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._serve, name="aserve-grammar", daemon=True)
-                self._thread.start()
-        self._jobs.put(job)
-        job.started.wait()
-        return job
-
-    def _serve(self) -> None:
-        while True:
-            job = self._jobs.get()
-            job.started.set()
-            job.run()
-            del job
-
-
-_HELPER = _HelperThread()
-
-
-def start_job(
-    states: Sequence[GrammarState], tokens: Sequence[int], fill_states: Sequence[GrammarState], out: torch.Tensor
-) -> GrammarJob:
-    """A :class:`GrammarJob`, begun on the helper thread."""
-    return _HELPER.submit(GrammarJob(states, tokens, fill_states, out))
-
-
-def beside_commit(fill_states: Sequence[GrammarState]) -> bool:
-    """Whether a split step's grammar work may go to a :class:`GrammarJob` beside the commit
-    before it: its masks fill on the pool (:meth:`MaskFiller.pooled`)."""
-    filler = fill_states[0].filler if fill_states else None
-    return filler is not None and filler.pooled(fill_states, len(fill_states))
 
 
 _MIN_POOL_ROWS = 16

@@ -20,22 +20,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 PATTERN = r"[0-9]{3}-[a-z]{2,6}\."
 
 
-@pytest.mark.parametrize(
-    "opts", [{}, {"cuda_graph": False}, {"beside": True}], ids=["defaults", "eager", "grammar-beside"]
-)
-def test_split_launch_matches_serial_and_keeps_the_grammar(
-    tiny_llama: tuple[Path, Any], opts: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    opts = dict(opts)
-    beside = opts.pop("beside", False)
-    if beside:
-        # The masks on the pool from 8 rows (the advance from 16): the commits before split
-        # steps run beside their grammar work (a GrammarJob), the sampler after both.
-        from aserve.sampling import masks
-
-        monkeypatch.setenv("ASERVE_MASK_FILL", "executor:2")
-        monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 4)
-        monkeypatch.setattr(masks, "_MIN_POOL_ADVANCE", 16)
+@pytest.mark.parametrize("opts", [{}, {"cuda_graph": False}], ids=["defaults", "eager"])
+def test_split_launch_matches_serial_and_keeps_the_grammar(tiny_llama: tuple[Path, Any], opts: dict[str, Any]) -> None:
     regex = StructuredOutputs(regex=PATTERN)
 
     def params(i: int) -> aserve.SamplingParams:
@@ -48,7 +34,7 @@ def test_split_launch_matches_serial_and_keeps_the_grammar(
     penal = aserve.SamplingParams(max_tokens=16, temperature=0, ignore_eos=True, frequency_penalty=1.5,
                                   repetition_penalty=1.3)  # fmt: skip
 
-    async def run(overlap: bool) -> tuple[list[Any], list[list[int]], int, int, int, int]:
+    async def run(overlap: bool) -> tuple[list[Any], list[list[int]], int, int, int]:
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, debug=True, **opts) as engine:  # fmt: skip
             outs: list[Any] = [None] * len(jobs)
@@ -70,17 +56,14 @@ def test_split_launch_matches_serial_and_keeps_the_grammar(
                 while not engine.ledger().all_free:
                     await anyio.sleep(0.01)
             loop = engine._loop
-            split = engine.runner.split_steps
-            return outs, plain, split, loop.planned_ahead, loop.early_samplers, loop.commits_beside
+            return outs, plain, engine.runner.split_steps, loop.planned_ahead, loop.early_samplers
 
-    serial, plain_serial, split_serial, _, _, _ = anyio.run(run, False)
-    overlap, plain_overlap, split_overlap, ahead, early, beside_commits = anyio.run(run, True)
+    serial, plain_serial, split_serial, _, _ = anyio.run(run, False)
+    overlap, plain_overlap, split_overlap, ahead, early = anyio.run(run, True)
     assert split_serial == 0 and split_overlap > 0
     # Each split step's sampler went between the grammar advance and the rest of the commit
-    # before it (StepLoop.early_samplers), or, with the masks on the pool, after that commit
-    # made beside the advance and the fill (commits_beside); the tokens are still serial's.
-    assert early > 0 or beside
-    assert (beside_commits > 0) == beside, beside_commits
+    # before it (StepLoop.early_samplers), and the tokens are still serial's.
+    assert early > 0
     # Planning ahead of a split step's sampler needs a third slot (depth 3: CUDA graphs on),
     # and happens only when the planner gets there before that step's commit.
     assert opts == {} or ahead == 0, ahead
