@@ -35,6 +35,8 @@ TIMES: dict[str, list[float]] = collections.defaultdict(list)
 
 
 def timed(owner: Any, name: str, label: str) -> None:
+    if owner is None or not hasattr(owner, name):
+        return  # the beside order's parts exist at 06dddfb only
     fn = getattr(owner, name)
 
     @functools.wraps(fn)
@@ -72,8 +74,8 @@ def main() -> None:
     timed(Scheduler, "schedule", "schedule")
     timed(StepLoop, "_finish_launch", "finish_launch")
     timed(Committer, "advance_beside", "advance_beside (start)")
-    timed(masks_mod.GrammarJob, "verdicts", "job.verdicts (loop waits)")
-    timed(masks_mod.GrammarJob, "wait", "job.wait (loop waits)")
+    timed(getattr(masks_mod, "GrammarJob", None), "verdicts", "job.verdicts (loop waits)")
+    timed(getattr(masks_mod, "GrammarJob", None), "wait", "job.wait (loop waits)")
     timed(masks_mod, "advance_all", "advance_all (helper)")
     timed(masks_mod, "fill_masks", "fill_masks (helper)")
     for b in (int(x) for x in args.batches.split(",")):
