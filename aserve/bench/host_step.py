@@ -2,7 +2,7 @@
 
     python -m aserve.bench.host_step --out host_step.json [--batches 64,256,512]
     python -m aserve.bench.host_step --mixed --out host_mixed.json   # W1-like mixed steps
-    python -m aserve.bench.host_step --constrained --out host_json.json  # a JSON schema's rows
+    python -m aserve.bench.host_step --constrained --out host_json.json  # a JSON schema's rows (commit: advance + rest)
 
 One steady greedy decode step is, on the host: ``Scheduler.schedule()`` (plan),
 ``build_inputs`` on the CUDA-graph fast path plus the step's snapshot of its sequences
@@ -128,7 +128,7 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         step.outputs = tokens_for(first, host)
         committer.commit(step)
         index += 1
-    plan_us, launch_us, commit_us = [], [], []
+    plan_us, launch_us, commit_us, advance_us = [], [], [], []
     fill_us.clear()  # the prefill steps' fills are not the steady state's
     before = committer.output_tokens
     for i in range(index, index + steps):
@@ -141,13 +141,16 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         t2 = time.perf_counter()
         step.outputs = tokens_for(plan, host)  # with grammars: the fill, timed apart
         tc = time.perf_counter()
-        committer.commit(step)
+        advanced = committer.advance(step)  # the commit in its two parts: the grammar advance ...
+        ta = time.perf_counter()
+        committer.finish_commit(step, advanced)  # ... and the rest
         t3 = time.perf_counter()
         assert committer.output_tokens == before + batch, "every request commits one token a step"
         before = committer.output_tokens
         plan_us.append((t1 - t0) * 1e6)
         launch_us.append((t2 - t1) * 1e6)
         commit_us.append((t3 - tc) * 1e6)
+        advance_us.append((ta - tc) * 1e6)
         for r in reqs:  # complete() takes its tokens at the end; this run never ends
             assert r.cell is not None
             r.cell.take_nowait()
@@ -160,7 +163,7 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         "plan_us_per_req": p / batch, "launch_host_us_per_req": lu / batch, "commit_us_per_req": c / batch,
     }  # fmt: skip
     if grammars is not None:
-        out.update(fill_us=med(fill_us), fill=grammars.filler.spec, mask_cache_hits=grammars.masks.hits,
+        out.update(fill_us=med(fill_us), advance_us=med(advance_us), fill=grammars.filler.spec, mask_cache_hits=grammars.masks.hits,
                    mask_cache_misses=grammars.masks.misses)  # fmt: skip
     return out
 
@@ -265,10 +268,10 @@ def main() -> None:
         "machine": platform.machine(), "processor": platform.processor(), "batches": rows,
     }  # fmt: skip
     Path(args.out).write_text(json.dumps(results, indent=1))
-    fill = f"{'fill us':>9}" if grammars else ""
+    fill = f"{'fill us':>9}{'(advance us)':>14}" if grammars else ""
     print(f"{'batch':>6}{'plan us':>10}{'launch us':>11}{'commit us':>11}{'total us':>10}{'us/req':>8}{fill}")
     for r in rows:
-        fill = f"{r['fill_us']:>9.0f}" if grammars else ""
+        fill = f"{r['fill_us']:>9.0f}{r['advance_us']:>14.0f}" if grammars else ""
         print(f"{r['batch']:>6}{r['plan_us']:>10.0f}{r['launch_host_us']:>11.0f}{r['commit_us']:>11.0f}"
               f"{r['total_us']:>10.0f}{r['per_request_us']:>8.2f}{fill}")  # fmt: skip
 

