@@ -80,7 +80,12 @@ async def test_a_killed_front_end_loses_only_its_streams_and_is_replaced(tmp_pat
 
             async def settled() -> bool:
                 text = (await http.get("/metrics")).text
-                return metric(text, "aserve_kv_used_tokens") == 0 and metric(text, "aserve_requests_running") == 0
+                try:
+                    return metric(text, "aserve_kv_used_tokens") == 0 and metric(text, "aserve_requests_running") == 0
+                except KeyError:
+                    # The replacement front end answered before its link to the core was up: its
+                    # page has the request-side metrics only (CI at dabb7f1 met this once).
+                    return False
 
             deadline = time.monotonic() + 30
             while not await settled():
