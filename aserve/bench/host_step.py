@@ -163,8 +163,8 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         "plan_us_per_req": p / batch, "launch_host_us_per_req": lu / batch, "commit_us_per_req": c / batch,
     }  # fmt: skip
     if grammars is not None:
-        out.update(fill_us=med(fill_us), advance_us=med(advance_us), fill=grammars.filler.spec, mask_cache_hits=grammars.masks.hits,
-                   mask_cache_misses=grammars.masks.misses)  # fmt: skip
+        out.update(fill_us=med(fill_us), advance_us=med(advance_us), fill=grammars.filler.spec,
+                   mask_cache_hits=grammars.masks.hits, mask_cache_misses=grammars.masks.misses)  # fmt: skip
     return out
 
 

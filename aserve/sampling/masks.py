@@ -109,13 +109,7 @@ def advance_all(states: Sequence[GrammarState], tokens: Sequence[int]) -> list[b
     filler.pool_consumes += 1
     ok = [False] * len(states)
     for i, res in zip(order, done, strict=True):
-        st = states[i]
-        m = st.matcher
-        st.done = m.is_stopped()
-        if res:
-            ok[i] = True
-        else:
-            st.error = str(m.get_error())
+        ok[i] = states[i]._took(bool(res))
     return ok
 
 
