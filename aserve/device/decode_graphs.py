@@ -18,13 +18,20 @@ logits afterwards and publishes its tokens over the greedy ones, on the same str
 
 On a CPU there is nothing to capture: the same body runs directly on the static buffers,
 which is how the padding, bucketing and in-graph gather/publish are tested in CI.
+
+On CUDA each size also has a second, small graph for a greedy step whose rows a grammar all
+constrains (:meth:`DecodeGraphs.masked_argmax`, issue 16): the masks' copy from one pinned
+buffer, the masked argmax over the graph's logits (publishing into the FutureMap) and the
+tokens' copy back to pinned memory. A split step's sampler is then one replay where it was
+three copies, two waits, a Triton launch and their events (docs/architecture.md,
+"Structured outputs").
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import torch
 
@@ -50,6 +57,23 @@ class _Static:
     inputs: torch.Tensor  # [3, Bp] int64: table rows, positions (-1 = padding), KV slots
     out: GraphOutputs | None = None
     graph: Any = None  # torch.cuda.CUDAGraph on CUDA
+
+
+class _MaskedBuffers(NamedTuple):
+    """The masked-argmax graphs' static buffers, shared by every size (the first rows used)."""
+
+    words: int  # mask words a row (0: no graphs)
+    host_bits: torch.Tensor  # [max, words] int32, pinned: the step's masks, filled in place
+    device_bits: torch.Tensor  # [max, words] int32: their copy on the device
+    device_tokens: torch.Tensor  # [max] int64: the masked argmax
+    host_tokens: torch.Tensor  # [max] int64, pinned: its copy back
+    rows: torch.Tensor  # [max] int64: 0, 1, ... (every row of a size is masked)
+    scratch: tuple[torch.Tensor, torch.Tensor]  # the kernel's keys and counts (bitmask.argmax_scratch)
+
+
+def _no_masked() -> _MaskedBuffers:
+    empty = torch.empty(0)
+    return _MaskedBuffers(0, empty, empty, empty, empty, empty, (empty, empty))
 
 
 def capture_graphs(
@@ -98,6 +122,9 @@ class DecodeGraphs:
         future_map.tokens[pool.pad_row] = 0  # padded rows gather from here (debug poisons the rest)
         self._static = {b: self._buffers(b) for b in self.sizes}
         self.runs = 0  # decode steps served from the static buffers (replays on CUDA)
+        self._masked: dict[int, Any] = {}  # size -> the masked argmax's graph (CUDA)
+        self.masked = _no_masked()
+        self.masked_runs = 0  # masked argmaxes replayed (masked_argmax)
 
     def _buffers(self, b: int) -> _Static:
         inputs = torch.empty(3, b, dtype=torch.int64, device=self.device)
@@ -156,6 +183,56 @@ class DecodeGraphs:
                                                            statics, self._body)):  # fmt: skip
             s.graph, s.out = graph, out
 
+    def capture_masked(self, stream: Any) -> None:
+        """CUDA, after :meth:`capture`: one masked-argmax graph per size over that size's
+        logits, sharing the static masks and tokens (largest first). Like the decode graphs'
+        their warm-up publishes into the spare row only (every input is padding)."""
+        if self.device.type != "cuda" or not self._static:
+            return
+        from aserve.kernels.bitmask import argmax_scratch, masked_argmax_
+
+        top = self._static[self.sizes[-1]]
+        assert top.out is not None, "capture the decode graphs first"
+        words = (top.out.logits.shape[1] + 31) // 32
+        n = top.size
+        # Every tensor a graph reads lives as long as the graphs (here, not in the closure).
+        m = self.masked = _MaskedBuffers(
+            words,
+            torch.full((n, words), -1, dtype=torch.int32).pin_memory(),
+            torch.empty(n, words, dtype=torch.int32, device=self.device),
+            torch.empty(n, dtype=torch.int64, device=self.device),
+            torch.empty(n, dtype=torch.int64, pin_memory=True),
+            torch.arange(n, device=self.device),
+            argmax_scratch(n, self.device),
+        )
+        torch.cuda.synchronize(self.device)  # made on the current stream; the warm-ups run on ``stream``
+
+        def body(s: _Static) -> None:
+            b = s.size
+            assert s.out is not None
+            m.device_bits[:b].copy_(m.host_bits[:b], non_blocking=True)
+            masked_argmax_(m.device_tokens[:b], s.out.logits, m.rows[:b], m.device_bits[:b],
+                           (self.future_map.tokens, s.inputs[0]), m.scratch)  # fmt: skip
+            m.host_tokens[:b].copy_(m.device_tokens[:b], non_blocking=True)
+
+        statics = [self._static[b] for b in reversed(self.sizes)]
+        captured = capture_graphs(self.device, stream, "capturing masked-argmax CUDA graphs", statics, body)
+        self._masked = {s.size: graph for s, (graph, _) in zip(statics, captured, strict=True)}
+
+    def masked_argmax(self, size: int) -> None:
+        """On the current stream, after the size-``size`` decode graph's replay: each of its
+        rows' argmax over the tokens its mask in ``masked.host_bits`` allows, published into the
+        FutureMap and copied to ``masked.host_tokens`` (every row of the bucket: a padded row's
+        token goes to the spare row). The masks must be in place before the call, and neither
+        buffer touched again until the work is done."""
+        self._masked[size].replay()
+        self.masked_runs += 1
+
+    def has_masked(self, size: int, words: int) -> bool:
+        """Whether a masked-argmax graph serves a step of this padded size with masks of
+        ``words`` words a row."""
+        return size in self._masked and words == self.masked.words
+
     def replay_seconds(self, size: int, replays: int = 20) -> float:
         """Device seconds per replay of the size-``size`` graph, its buffers as the last step
         left them (a benchmark's measure of a decode step's device time alone, with no host
@@ -173,6 +250,10 @@ class DecodeGraphs:
 
     def release(self) -> None:
         """The engine closed: drop the graphs (and with them their memory pool) and buffers."""
+        for g in self._masked.values():
+            g.reset()
+        self._masked.clear()
+        self.masked = _no_masked()
         for s in self._static.values():
             if s.graph is not None:
                 s.graph.reset()

@@ -418,6 +418,10 @@ class ModelRunner:
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
             grammar = host.grammar_states
+            if self._masked_graph_size(dev, grammar):
+                step.finish_launch = lambda: self._finish_masked_graph(index, step, dev, grammar, forward_end)
+                step.prompt_spans = host.plp_spans
+                return step
 
             def finish() -> None:
                 # The masks, filled straight into pinned memory, then the sampler and the copy out.
@@ -434,6 +438,46 @@ class ModelRunner:
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
+
+    def _masked_graph_size(self, dev: DeviceInputs, grammar: list[GrammarState]) -> int:
+        """The padded size whose masked-argmax graph samples this split step, or 0: a greedy
+        decode-graph step (no sampler inputs) whose every row a grammar constrains, enough of
+        them for the fused masked argmax (``FUSED_ARGMAX_ROWS``).
+
+        Only then: the graph takes every row of its size, and a free row would need an
+        all-ones mask (32 KiB a row filled and copied) where the eager launch takes the
+        constrained rows alone."""
+        graphs, rows = self.decode_graphs, len(grammar)
+        if graphs is None or dev.graph_in is None or dev.sbatch is not None or rows != dev.rows.shape[0]:
+            return 0
+        if rows < FUSED_ARGMAX_ROWS:
+            return 0
+        size = dev.graph_in.shape[1]
+        return size if graphs.has_masked(size, mask_words(grammar[0].vocab_size)) else 0
+
+    def _finish_masked_graph(
+        self, index: int, step: Step, dev: DeviceInputs, grammar: list[GrammarState], forward_end: DeviceEvent | None
+    ) -> None:
+        """A split step's sampler from its size's masked-argmax graph: the masks filled into
+        the graphs' pinned buffer (row i: the step's row i; the padded rows' stale masks pick
+        tokens for the spare row), one replay on the forward stream, and the step's two events
+        after it (the graph copies the tokens back itself). The buffers are the graphs', not a
+        step's: the step before this one has been committed and read (its outputs are lists on
+        the host), and no later step replays a masked graph before this one is committed."""
+        graphs = self.decode_graphs
+        assert graphs is not None and dev.graph_in is not None and forward_end is not None
+        size, b = dev.graph_in.shape[1], len(grammar)
+        buffers = graphs.masked
+        fill_masks(grammar, buffers.host_bits[:b])
+        stream = self.forward_stream
+        with on_stream(stream):
+            step.split_gap = (forward_end, self._record(stream, f"step{index}.sampler_begin"))
+            graphs.masked_argmax(size)
+            self._record(stream, f"step{index}.materialized", into=step.materialized)
+            self._record(stream, f"step{index}.copied", self.cuda_waiter, into=step.copied)
+        self.masked_graph_steps += 1
+        host_tokens = buffers.host_tokens
+        step.read_host = lambda: StepOutputs(token_ids=host_tokens[:b].tolist())
 
     def _record(
         self, stream: Any, name: str, waiter: CudaEventWaiter | None = None, *, into: DeviceEvent | None = None

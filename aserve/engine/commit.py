@@ -51,10 +51,13 @@ class Committer:
         Each request appears once in a step and nothing in :meth:`finish_commit` touches a
         matcher, so this is what advancing each in turn within the loop gave. The matchers are
         all a split step's masks read: the step loop fills them and launches that step's
-        sampler between the two parts. A finished request's row is overshoot: not advanced."""
+        sampler between the two parts. A finished request's row is overshoot: not advanced.
+
+        The step's outputs are read first, whatever it holds: that sampler may reuse the
+        buffers they are in (a masked-argmax graph's, ``DecodeGraphs.masked_argmax``)."""
+        token_ids = step.read_outputs().token_ids
         if not step.grammar_rows:
             return {}
-        token_ids = step.read_outputs().token_ids
         block, entries = step.block, step.entries
         n = 0 if block is None else len(block)
         rows = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
@@ -149,6 +150,10 @@ class Engine:
             for g in (graphs, xgraphs):
                 if g is not None:
                     g.capture(runner.forward_stream)
+            # A split constrained step's sampler as one replay (ASERVE_SAMPLER_GRAPH=0: launched
+            # eagerly, kept to measure one against the other; docs/architecture.md).
+            if graphs is not None and os.environ.get("ASERVE_SAMPLER_GRAPH", "1") != "0":
+                graphs.capture_masked(runner.forward_stream)
         self.committer = Committer(self.scheduler, parts.tokenizer, self._on_finish)
         trace = TraceWriter(cfg.trace_path, self._t0) if cfg.trace_path else None
         self._recorder = StepRecorder(trace, runner.device_clock)

@@ -120,14 +120,18 @@ class _Scratch:
         key = (device.index or 0, 0 if stream is None else stream.stream_id)
         bufs = self._bufs.get(key)
         if bufs is None or bufs[0].shape[0] < rows:
-            n = max(rows, 256)
-            bufs = (torch.full((n,), _NO_KEY, dtype=torch.int64, device=device),
-                    torch.zeros(n, dtype=torch.int32, device=device))  # fmt: skip
+            bufs = argmax_scratch(max(rows, 256), device)
             self._bufs[key] = bufs
         return bufs
 
 
 _SCRATCH = _Scratch()
+
+
+def argmax_scratch(rows: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A masked argmax's scratch for up to ``rows`` rows, as the kernel leaves it between launches."""
+    return (torch.full((rows,), _NO_KEY, dtype=torch.int64, device=device),
+            torch.zeros(rows, dtype=torch.int32, device=device))  # fmt: skip
 
 
 def masked_argmax_(
@@ -136,6 +140,7 @@ def masked_argmax_(
     rows: torch.Tensor,
     bits: torch.Tensor,
     publish: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``out[rows[i]] = argmax`` of ``logits[rows[i]]`` over the tokens ``bits[i]`` allows (the
     first of equal maxima, as ``torch.argmax``); other entries of ``out`` are left alone. With
@@ -146,7 +151,9 @@ def masked_argmax_(
     kernel launch: each row's vocabulary is split over a few programs that read its mask and
     only the allowed tokens' logits, and meet in an atomic maximum. out: [B] int64; logits:
     [B, V] (last dim contiguous); rows: [R] int64; bits: [R, ceil(V / 32)] int32; one CUDA
-    device, no host synchronisation. Returns ``out``."""
+    device, no host synchronisation. ``scratch``: the rows' keys and counts (int64 filled with
+    -1, int32 zeros, at least R each; :func:`argmax_scratch`) when a captured graph must own
+    its own, else the stream's shared ones. Returns ``out``."""
     vocab = logits.shape[1]
     r = rows.shape[0]
     if r == 0:
@@ -158,7 +165,7 @@ def masked_argmax_(
     nsplit = max(1, min(512 // r, triton.cdiv(nwords, _ARGMAX_WORDS)))
     per = triton.cdiv(triton.cdiv(nwords, nsplit), _ARGMAX_WORDS) * _ARGMAX_WORDS
     nsplit = triton.cdiv(nwords, per)
-    keys, count = _SCRATCH.get(logits.device, r)
+    keys, count = _SCRATCH.get(logits.device, r) if scratch is None else scratch
     fm_tokens, fm_rows = publish if publish is not None else (out, rows)
     _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, out, keys, count, fm_tokens, fm_rows, logits.stride(0),
                                        bits.stride(0), vocab, per, nsplit, PUBLISH=publish is not None,

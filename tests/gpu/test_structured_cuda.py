@@ -115,3 +115,44 @@ def test_greedy_constrained_rows_take_the_masked_argmax_after_the_decode_graph(
             assert r.token_ids == o.token_ids and r.finish_reason == o.finish_reason
         for o in outs[:24]:
             assert o.finish_reason == "stop" and re.fullmatch(PATTERN, o.text), (o.finish_reason, o.text)
+
+
+def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_argmax_graph(
+    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every row of a greedy decode step constrained, overlap on: a split step's sampler is
+    its size's masked-argmax graph (one replay), and the tokens are those of the eager launch
+    (ASERVE_SAMPLER_GRAPH=0) and of serial mode without graphs, through the sampler. Two
+    grammars, lengths that differ, so the batch shrinks through the ladder's sizes."""
+    jobs = []
+    for i in range(20):
+        so = StructuredOutputs(regex=PATTERN) if i % 2 else StructuredOutputs(choice=["alpha", "beta", "gamma delta"])
+        jobs.append(
+            (f"item {i} is", aserve.SamplingParams(max_tokens=8 + 3 * i, temperature=0.0, structured_outputs=so))
+        )
+
+    async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int]:
+        async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
+                                 overlap=overlap, debug=True, cuda_graph=graphs) as engine:  # fmt: skip
+            outs: list[Any] = [None] * len(jobs)
+
+            async def one(i: int) -> None:
+                outs[i] = (await engine.complete(*jobs[i])).outputs[0]
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(jobs)):
+                    tg.start_soon(one, i)
+            with anyio.fail_after(60):
+                while not engine.ledger().all_free:
+                    await anyio.sleep(0.01)
+            g = engine.runner.decode_graphs
+            return outs, 0 if g is None else g.masked_runs, engine.runner.split_steps
+
+    reference, _, _ = anyio.run(run, False, False)
+    replayed, runs, split = anyio.run(run, True, True)
+    assert runs > 0 and split > 0
+    monkeypatch.setenv("ASERVE_SAMPLER_GRAPH", "0")
+    eager, runs_off, split_off = anyio.run(run, True, True)
+    assert runs_off == 0 and split_off > 0
+    for r, o, e in zip(reference, replayed, eager, strict=True):
+        assert r.token_ids == o.token_ids == e.token_ids and r.finish_reason == o.finish_reason == e.finish_reason
