@@ -20,6 +20,22 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 PATTERN = r"[0-9]{3}-[a-z]{2,6}\."
 
 
+async def _outputs(engine: aserve.Engine, jobs: list[tuple[str, aserve.SamplingParams]]) -> list[Any]:
+    """Each job's output, all completed concurrently; then (bounded) every request's KV back."""
+    outs: list[Any] = [None] * len(jobs)
+
+    async def one(i: int) -> None:
+        outs[i] = (await engine.complete(*jobs[i])).outputs[0]
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(jobs)):
+            tg.start_soon(one, i)
+    with anyio.fail_after(60):
+        while not engine.ledger().all_free:
+            await anyio.sleep(0.01)
+    return outs
+
+
 @pytest.mark.parametrize("opts", [{}, {"cuda_graph": False}], ids=["defaults", "eager"])
 def test_split_launch_matches_serial_and_keeps_the_grammar(tiny_llama: tuple[Path, Any], opts: dict[str, Any]) -> None:
     regex = StructuredOutputs(regex=PATTERN)
@@ -93,17 +109,7 @@ def test_greedy_constrained_rows_take_the_masked_argmax_after_the_decode_graph(
     async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int]:
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, debug=True, cuda_graph=graphs, dtype="float32") as engine:  # fmt: skip
-            outs: list[Any] = [None] * len(jobs)
-
-            async def one(i: int) -> None:
-                outs[i] = (await engine.complete(*jobs[i])).outputs[0]
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(jobs)):
-                    tg.start_soon(one, i)
-            with anyio.fail_after(60):
-                while not engine.ledger().all_free:
-                    await anyio.sleep(0.01)
+            outs = await _outputs(engine, jobs)
             return outs, engine.runner.masked_graph_steps, engine.runner.split_steps
 
     reference, masked_ref, _ = anyio.run(run, False, False)
@@ -126,7 +132,7 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
     grammars, lengths that differ, so the batch shrinks through the ladder's sizes."""
     jobs = []
     for i in range(20):
-        so = StructuredOutputs(regex=PATTERN) if i % 2 else StructuredOutputs(choice=["alpha", "beta", "gamma delta"])
+        so = StructuredOutputs(regex=PATTERN) if i % 2 else StructuredOutputs(choice=("alpha", "beta", "gamma delta"))
         jobs.append(
             (f"item {i} is", aserve.SamplingParams(max_tokens=8 + 3 * i, temperature=0.0, structured_outputs=so))
         )
@@ -134,17 +140,7 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
     async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int]:
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, debug=True, cuda_graph=graphs) as engine:  # fmt: skip
-            outs: list[Any] = [None] * len(jobs)
-
-            async def one(i: int) -> None:
-                outs[i] = (await engine.complete(*jobs[i])).outputs[0]
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(jobs)):
-                    tg.start_soon(one, i)
-            with anyio.fail_after(60):
-                while not engine.ledger().all_free:
-                    await anyio.sleep(0.01)
+            outs = await _outputs(engine, jobs)
             g = engine.runner.decode_graphs
             return outs, 0 if g is None else g.masked_runs, engine.runner.split_steps
 
