@@ -62,18 +62,13 @@ class _Static:
 class _MaskedBuffers(NamedTuple):
     """The masked-argmax graphs' static buffers, shared by every size (the first rows used)."""
 
-    words: int  # mask words a row (0: no graphs)
+    words: int  # mask words a row
     host_bits: torch.Tensor  # [max, words] int32, pinned: the step's masks, filled in place
     device_bits: torch.Tensor  # [max, words] int32: their copy on the device
     device_tokens: torch.Tensor  # [max] int64: the masked argmax
     host_tokens: torch.Tensor  # [max] int64, pinned: its copy back
     rows: torch.Tensor  # [max] int64: 0, 1, ... (every row of a size is masked)
     scratch: tuple[torch.Tensor, torch.Tensor]  # the kernel's keys and counts (bitmask.argmax_scratch)
-
-
-def _no_masked() -> _MaskedBuffers:
-    empty = torch.empty(0)
-    return _MaskedBuffers(0, empty, empty, empty, empty, empty, (empty, empty))
 
 
 def capture_graphs(
@@ -123,7 +118,7 @@ class DecodeGraphs:
         self._static = {b: self._buffers(b) for b in self.sizes}
         self.runs = 0  # decode steps served from the static buffers (replays on CUDA)
         self._masked: dict[int, Any] = {}  # size -> the masked argmax's graph (CUDA)
-        self.masked = _no_masked()
+        self.masked: _MaskedBuffers | None = None  # their buffers, once captured
         self.masked_runs = 0  # masked argmaxes replayed (masked_argmax)
 
     def _buffers(self, b: int) -> _Static:
@@ -231,7 +226,7 @@ class DecodeGraphs:
     def has_masked(self, size: int, words: int) -> bool:
         """Whether a masked-argmax graph serves a step of this padded size with masks of
         ``words`` words a row."""
-        return size in self._masked and words == self.masked.words
+        return size in self._masked and self.masked is not None and words == self.masked.words
 
     def replay_seconds(self, size: int, replays: int = 20) -> float:
         """Device seconds per replay of the size-``size`` graph, its buffers as the last step
@@ -253,7 +248,7 @@ class DecodeGraphs:
         for g in self._masked.values():
             g.reset()
         self._masked.clear()
-        self.masked = _no_masked()
+        self.masked = None
         for s in self._static.values():
             if s.graph is not None:
                 s.graph.reset()

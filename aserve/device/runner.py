@@ -418,10 +418,6 @@ class ModelRunner:
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
             grammar = host.grammar_states
-            if self._masked_graph_size(dev, grammar):
-                step.finish_launch = lambda: self._finish_masked_graph(index, step, dev, grammar, forward_end)
-                step.prompt_spans = host.plp_spans
-                return step
 
             def finish() -> None:
                 # The masks, filled straight into pinned memory, then the sampler and the copy out.
@@ -434,13 +430,16 @@ class ModelRunner:
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
                 step.keepalive += [masked, out, *keep]
 
-            step.finish_launch = finish
+            if self._takes_masked_graph(dev, grammar):
+                step.finish_launch = lambda: self._finish_masked_graph(index, step, dev, grammar, forward_end)
+            else:
+                step.finish_launch = finish
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
 
-    def _masked_graph_size(self, dev: DeviceInputs, grammar: list[GrammarState]) -> int:
-        """The padded size whose masked-argmax graph samples this split step, or 0: a greedy
+    def _takes_masked_graph(self, dev: DeviceInputs, grammar: list[GrammarState]) -> bool:
+        """Whether its size's masked-argmax graph samples this split step: a greedy
         decode-graph step (no sampler inputs) whose every row a grammar constrains, enough of
         them for the fused masked argmax (``FUSED_ARGMAX_ROWS``).
 
@@ -448,12 +447,10 @@ class ModelRunner:
         all-ones mask (32 KiB a row filled and copied) where the eager launch takes the
         constrained rows alone."""
         graphs, rows = self.decode_graphs, len(grammar)
-        if graphs is None or dev.graph_in is None or dev.sbatch is not None or rows != dev.rows.shape[0]:
-            return 0
-        if rows < FUSED_ARGMAX_ROWS:
-            return 0
-        size = dev.graph_in.shape[1]
-        return size if graphs.has_masked(size, mask_words(grammar[0].vocab_size)) else 0
+        if graphs is None or dev.graph_in is None or dev.sbatch is not None:
+            return False
+        return (rows == dev.rows.shape[0] and rows >= FUSED_ARGMAX_ROWS
+                and graphs.has_masked(dev.graph_in.shape[1], mask_words(grammar[0].vocab_size)))  # fmt: skip
 
     def _finish_masked_graph(
         self, index: int, step: Step, dev: DeviceInputs, grammar: list[GrammarState], forward_end: DeviceEvent | None
@@ -463,11 +460,13 @@ class ModelRunner:
         tokens for the spare row), one replay on the forward stream, and the step's two events
         after it (the graph copies the tokens back itself). The buffers are the graphs', not a
         step's: the step before this one has been committed and read (its outputs are lists on
-        the host), and no later step replays a masked graph before this one is committed."""
+        the host), and no later step replays a masked graph before this one is committed.
+        Sets ``step.read_host`` (the launch's, for the eager sampler's buffers, is not used)."""
         graphs = self.decode_graphs
         assert graphs is not None and dev.graph_in is not None and forward_end is not None
         size, b = dev.graph_in.shape[1], len(grammar)
         buffers = graphs.masked
+        assert buffers is not None, "a masked-argmax step without its graphs"
         fill_masks(grammar, buffers.host_bits[:b])
         stream = self.forward_stream
         with on_stream(stream):
