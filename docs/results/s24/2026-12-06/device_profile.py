@@ -63,3 +63,25 @@ mib = src.numel() * 4 / 2**20
 print(f"masks H2D {mib:.0f} MiB: median {times[15]:.0f} us ({mib * 2**20 / times[15] / 1e3:.1f} GB/s)")
 out["masks_h2d_us"] = times[15]
 Path(args.out).write_text(json.dumps(out, indent=1))
+
+# The same copy split over 2 and 4 streams (copy engines may work side by side).
+for parts in (2, 4):
+    streams = [torch.cuda.Stream() for _ in range(parts)]
+    rows = args.batch // parts
+    times = []
+    for _ in range(30):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for k, st in enumerate(streams):
+            st.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(st):
+                dst[k * rows:(k + 1) * rows].copy_(src[k * rows:(k + 1) * rows], non_blocking=True)
+        for st in streams:
+            torch.cuda.current_stream().wait_stream(st)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    times.sort()
+    print(f"masks H2D over {parts} streams: median {times[15]:.0f} us ({mib * 2**20 / times[15] / 1e3:.1f} GB/s)")
+    out[f"masks_h2d_{parts}_streams_us"] = times[15]
+Path(args.out).write_text(json.dumps(out, indent=1))
