@@ -62,7 +62,6 @@ class _Static:
 class _MaskedBuffers(NamedTuple):
     """The masked-argmax graphs' static buffers, shared by every size (the first rows used)."""
 
-    words: int  # mask words a row
     host_bits: torch.Tensor  # [max, words] int32, pinned: the step's masks, filled in place
     device_bits: torch.Tensor  # [max, words] int32: their copy on the device
     device_tokens: torch.Tensor  # [max] int64: the masked argmax
@@ -185,14 +184,14 @@ class DecodeGraphs:
         if self.device.type != "cuda" or not self._static:
             return
         from aserve.kernels.bitmask import argmax_scratch, masked_argmax_
+        from aserve.sampling.masks import mask_words
 
         top = self._static[self.sizes[-1]]
         assert top.out is not None, "capture the decode graphs first"
-        words = (top.out.logits.shape[1] + 31) // 32
+        words = mask_words(top.out.logits.shape[1])
         n = top.size
         # Every tensor a graph reads lives as long as the graphs (here, not in the closure).
         m = self.masked = _MaskedBuffers(
-            words,
             torch.full((n, words), -1, dtype=torch.int32).pin_memory(),
             torch.empty(n, words, dtype=torch.int32, device=self.device),
             torch.empty(n, dtype=torch.int64, device=self.device),
@@ -226,7 +225,7 @@ class DecodeGraphs:
     def has_masked(self, size: int, words: int) -> bool:
         """Whether a masked-argmax graph serves a step of this padded size with masks of
         ``words`` words a row."""
-        return size in self._masked and self.masked is not None and words == self.masked.words
+        return size in self._masked and self.masked is not None and words == self.masked.host_bits.shape[1]
 
     def replay_seconds(self, size: int, replays: int = 20) -> float:
         """Device seconds per replay of the size-``size`` graph, its buffers as the last step
