@@ -193,7 +193,7 @@ class DecodeGraphs:
         # Every tensor a graph reads lives as long as the graphs (here, not in the closure).
         m = self.masked = _MaskedBuffers(
             torch.full((n, words), -1, dtype=torch.int32).pin_memory(),
-            torch.empty(n, words, dtype=torch.int32, device=self.device),
+            torch.full((n, words), -1, dtype=torch.int32, device=self.device),
             torch.empty(n, dtype=torch.int64, device=self.device),
             torch.empty(n, dtype=torch.int64, pin_memory=True),
             torch.arange(n, device=self.device),
@@ -204,7 +204,6 @@ class DecodeGraphs:
         def body(s: _Static) -> None:
             b = s.size
             assert s.out is not None
-            m.device_bits[:b].copy_(m.host_bits[:b], non_blocking=True)
             masked_argmax_(m.device_tokens[:b], s.out.logits, m.rows[:b], m.device_bits[:b],
                            (self.future_map.tokens, s.inputs[0]), m.scratch)  # fmt: skip
             m.host_tokens[:b].copy_(m.device_tokens[:b], non_blocking=True)
@@ -213,12 +212,22 @@ class DecodeGraphs:
         captured = capture_graphs(self.device, stream, "capturing masked-argmax CUDA graphs", statics, body)
         self._masked = {s.size: graph for s, (graph, _) in zip(statics, captured, strict=True)}
 
+    def upload_masks(self, size: int) -> None:
+        """On the current stream: the first ``size`` rows of ``masked.host_bits`` to the device
+        (``masked.device_bits``), where :meth:`masked_argmax` reads them. Kept out of that graph
+        so that the copy can run on another stream while the device still runs the step's
+        forward (32 KiB a row at a 262k vocabulary: 8 MiB at 256 rows)."""
+        m = self.masked
+        assert m is not None
+        m.device_bits[:size].copy_(m.host_bits[:size], non_blocking=True)
+
     def masked_argmax(self, size: int) -> None:
-        """On the current stream, after the size-``size`` decode graph's replay: each of its
-        rows' argmax over the tokens its mask in ``masked.host_bits`` allows, published into the
-        FutureMap and copied to ``masked.host_tokens`` (every row of the bucket: a padded row's
-        token goes to the spare row). The masks must be in place before the call, and neither
-        buffer touched again until the work is done."""
+        """On the current stream, after the size-``size`` decode graph's replay and the masks'
+        upload (:meth:`upload_masks`, ordered before this on the device): each of its rows'
+        argmax over the tokens its mask allows, published into the FutureMap and copied to
+        ``masked.host_tokens`` (every row of the bucket: a padded row's token goes to the spare
+        row, from a stale mask or an all-allowed one). Neither buffer may be touched again
+        until the work is done."""
         self._masked[size].replay()
         self.masked_runs += 1
 

@@ -468,7 +468,12 @@ class ModelRunner:
         buffers = graphs.masked
         assert buffers is not None, "a masked-argmax step without its graphs"
         fill_masks(grammar, buffers.host_bits[:b])
+        # The masks' copy on the schedule stream: it runs beside whatever of the step's forward
+        # the device has still to run, rather than after it.
+        with on_stream(self.schedule_stream):
+            graphs.upload_masks(size)
         stream = self.forward_stream
+        stream.wait_stream(self.schedule_stream)
         with on_stream(stream):
             step.split_gap = (forward_end, self._record(stream, f"step{index}.sampler_begin"))
             graphs.masked_argmax(size)
