@@ -213,7 +213,8 @@ def main() -> None:
             spread = f" (runs {min(ratios):.2f}-{max(ratios):.2f}x)" if len(ratios) > 1 else ""
             print(f"structured b={b}: {bound['output_tok_s']:.0f} vs {free['output_tok_s']:.0f} tok/s "
                   f"= {row['ratio']:.2f}x{spread}, busy {bound['device_busy_fraction']:.1%} vs "
-                  f"{free['device_busy_fraction']:.1%}; decode alone {row['steady_decode_ratio'] or 0:.2f}x",
+                  f"{free['device_busy_fraction']:.1%}; decode alone {row['steady_decode_ratio'] or 0:.2f}x; "
+                  f"step busy {bound.get('median_step_busy_ms') or 0:.2f} vs {free.get('median_step_busy_ms') or 0:.2f} ms",
                   flush=True)  # fmt: skip
             save()
     if "w3" in only:
