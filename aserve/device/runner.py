@@ -30,7 +30,7 @@ from aserve.device.step import Step, StepOutputs
 from aserve.device.streams import give_back_runner_streams, on_stream, take_runner_streams
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
-from aserve.sampling.masks import GrammarState, fill_masks, mask_words
+from aserve.sampling.masks import FillRunner, GrammarState, fill_masks, mask_words
 from aserve.sampling.sampler import (
     SampleOutput,
     apply_masks_,
@@ -130,7 +130,8 @@ class ModelRunner:
         a grammar constrains, only the forward is launched: their masks need the tokens of the
         steps still in flight, so the sampler waits for ``step.finish_launch()``, which the step
         loop calls once every earlier step is committed (the split launch, docs/architecture.md
-        "Structured outputs")."""
+        "Structured outputs"); its argument, a :data:`FillRunner`, may run the masks' GIL-free
+        part beside other work."""
         t0 = time.perf_counter()
         if host.sampling is None:
             self.fast_graph_steps += 1
@@ -379,8 +380,8 @@ class ModelRunner:
         if defer:
             grammar = host.grammar_states
 
-            def finish() -> None:
-                masked = _with_masks(dev, fill_masks(grammar))
+            def finish(beside: FillRunner | None = None) -> None:
+                masked = _with_masks(dev, fill_masks(grammar, beside=beside))
                 step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
                 sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked))
 
@@ -419,10 +420,10 @@ class ModelRunner:
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
             grammar = host.grammar_states
 
-            def finish() -> None:
+            def finish(beside: FillRunner | None = None) -> None:
                 # The masks, filled straight into pinned memory, then the sampler and the copy out.
                 keep: list[torch.Tensor] = []
-                masked = _with_masks(dev, self._upload_masks(index, grammar, keep))
+                masked = _with_masks(dev, self._upload_masks(index, grammar, keep, beside))
                 self.forward_stream.wait_stream(self.schedule_stream)
                 assert forward_end is not None
                 sampler_begin = self._record(self.forward_stream, f"step{index}.sampler_begin")
@@ -431,7 +432,9 @@ class ModelRunner:
                 step.keepalive += [masked, out, *keep]
 
             if self._takes_masked_graph(dev, grammar):
-                step.finish_launch = lambda: self._finish_masked_graph(index, step, dev, grammar, forward_end)
+                step.finish_launch = lambda beside=None: self._finish_masked_graph(
+                    index, step, dev, grammar, forward_end, beside
+                )
             else:
                 step.finish_launch = finish
         step.prompt_spans = host.plp_spans
@@ -453,7 +456,13 @@ class ModelRunner:
                 and graphs.has_masked(dev.graph_in.shape[1], mask_words(grammar[0].vocab_size)))  # fmt: skip
 
     def _finish_masked_graph(
-        self, index: int, step: Step, dev: DeviceInputs, grammar: list[GrammarState], forward_end: DeviceEvent | None
+        self,
+        index: int,
+        step: Step,
+        dev: DeviceInputs,
+        grammar: list[GrammarState],
+        forward_end: DeviceEvent | None,
+        beside: FillRunner | None = None,
     ) -> None:
         """A split step's sampler from its size's masked-argmax graph: the masks filled into
         the graphs' pinned buffer (row i: the step's row i; the padded rows' stale masks pick
@@ -467,7 +476,7 @@ class ModelRunner:
         size, b = dev.graph_in.shape[1], len(grammar)
         buffers = graphs.masked
         assert buffers is not None, "a masked-argmax step without its graphs"
-        fill_masks(grammar, buffers.host_bits[:b])
+        fill_masks(grammar, buffers.host_bits[:b], beside)
         # The masks' copy on the schedule stream: it runs beside whatever of the step's forward
         # the device has still to run, rather than after it.
         with on_stream(self.schedule_stream):
@@ -489,12 +498,14 @@ class ModelRunner:
         """A timing CUDA event on ``stream``, awaited as ``cuda_event_wait`` says (``event_poll_s``)."""
         return cuda_record(stream, waiter, name, poll_s=self.event_poll_s, into=into)
 
-    def _upload_masks(self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor]) -> torch.Tensor:
+    def _upload_masks(
+        self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor], beside: FillRunner | None = None
+    ) -> torch.Tensor:
         """The rows' masks, filled straight into pinned memory and copied on the schedule
         stream (the forward stream waits for it); the pinned buffer goes into ``keep``."""
         words = mask_words(grammar[0].vocab_size)
         pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
-        fill_masks(grammar, pinned)
+        fill_masks(grammar, pinned, beside)
         with on_stream(self.schedule_stream):
             bits = pinned.to(self.device, non_blocking=True)
         keep.append(pinned)

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aserve.device.events import DeviceEvent, HostMark
 from aserve.scheduler.decode_batch import DecodeBlock
 from aserve.scheduler.req import Req
 from aserve.scheduler.seq import SeqPlan
+
+if TYPE_CHECKING:
+    from aserve.sampling.masks import FillRunner
 
 
 @dataclass
@@ -67,9 +70,10 @@ class Step:
     # Device tensors and host buffers that must outlive the device's use of them.
     keepalive: list[Any] = field(default_factory=list)
     read_host: Callable[[], StepOutputs] | None = None
-    # A split launch (constrained rows whose masks wait for earlier steps' commits): launches
-    # the sampler and the copy out, resolving ``materialized`` and ``copied``; None once done.
-    finish_launch: Callable[[], None] | None = None
+    # A split launch (constrained rows whose masks wait for earlier steps' commits): fills the
+    # masks (their GIL-free part through the FillRunner given, if any), launches the sampler and
+    # the copy out, resolving ``materialized`` and ``copied``; None once done.
+    finish_launch: Callable[[FillRunner | None], None] | None = None
     # A split step's (forward ended, sampler began): the device idles between them while the
     # host commits the steps before and fills the masks; the recorder counts it as a gap.
     split_gap: tuple[DeviceEvent, DeviceEvent] | None = None

@@ -49,6 +49,7 @@ from aserve.engine.recorder import StepRecorder
 from aserve.engine.watchdog import LoopWatchdog
 from aserve.errors import EngineClosedError, EngineFailedError, KVAllocationError, KVCapacityError
 from aserve.logs import get_logger
+from aserve.sampling.masks import FillBeside, FillRunner
 from aserve.scheduler.policy import Blocked, Plan, Scheduler
 from aserve.scheduler.req import Req
 from aserve.sync import Signal
@@ -99,6 +100,10 @@ class StepLoop:
         self.early_sampler = os.environ.get("ASERVE_EARLY_SAMPLER", "1") != "0"
         self.early_samplers = 0  # split steps' samplers launched between a commit's two parts
         self.launched_behind = 0  # ... with the next step launched before that commit's second part
+        # The split step's mask fill (its GIL-free part) beside the rest of the commit before it,
+        # on a helper thread; ``ASERVE_FILL_BESIDE=0`` fills first and commits after, kept to
+        # measure one against the other.
+        self.fill_beside = FillBeside() if os.environ.get("ASERVE_FILL_BESIDE", "1") != "0" else None
         self._deferred: Step | None = None
         self._sampled = Signal()
         self.planned_ahead = 0  # steps planned while a split step's sampler waited (depth 3)
@@ -127,6 +132,8 @@ class StepLoop:
         finally:
             if backstop is not None:
                 backstop.stop()
+            if self.fill_beside is not None:
+                self.fill_beside.close()
             self._ingest = None
             closed = EngineClosedError("the engine shut down before this step state was reached")
             for step in self._uncommitted:
@@ -286,23 +293,10 @@ class StepLoop:
                     if self.debug:
                         self._track_pages(step, None, -1)
                     if self.early_sampler and deferred is not None and self._uncommitted == {step, deferred}:
-                        # The last step before a split one: once its grammar rows have advanced
-                        # (all the split step's masks read), that step's sampler goes, and the
-                        # step planned meanwhile (depth 3) is launched behind it, before the rest
-                        # of this commit, which the device then no longer waits for.
-                        advanced = self.committer.advance(step)
-                        first_end = time.perf_counter()
-                        commit_s = first_end - t0
-                        if not self._finish_launch(deferred):
+                        early = await self._commit_around_sampler(step, deferred, t0)
+                        if early is None:
                             return
-                        self.early_samplers += 1
-                        launched = len(self._launched_at)
-                        await anyio.lowlevel.checkpoint()
-                        self.launched_behind += len(self._launched_at) > launched
-                        t1 = time.perf_counter()
-                        self.committer.finish_commit(step, advanced)
-                        commit_s += time.perf_counter() - t1
-                        resumed = (first_end, t1)
+                        commit_s, resumed = early
                     else:
                         self.committer.commit(step)
                         commit_s = time.perf_counter() - t0
@@ -320,14 +314,56 @@ class StepLoop:
                 self.slots.release()
                 self.work.set()
 
-    def _finish_launch(self, step: Step) -> bool:
-        """Launch a split step's sampler (its masks read the matchers just advanced); False if
-        that broke the engine."""
+    async def _commit_around_sampler(
+        self, step: Step, deferred: Step, t0: float
+    ) -> tuple[float, tuple[float, float]] | None:
+        """Commit ``step``, the last step before the split step ``deferred``, around that
+        step's sampler: once the grammar rows have advanced (all of ``deferred``'s masks read),
+        its sampler goes, and the step planned meanwhile (depth 3) is launched behind it. The
+        rest of this commit runs while the masks fill on the helper thread (``fill_beside``),
+        or else after that launch, which the device then no longer waits for.
+
+        Returns the commit's seconds and ``(end of the advance, start of the rest)`` for the
+        trace, or None if the sampler's launch broke the engine. A fault of the commit raises."""
+        advanced = self.committer.advance(step)
+        first_end = time.perf_counter()
+        rest: list[float] = []  # when the rest of the commit began, and its seconds
+        rest_error: list[Exception] = []
+
+        def finish_commit() -> None:
+            t1 = time.perf_counter()
+            try:
+                self.committer.finish_commit(step, advanced)
+            except Exception as exc:  # the commit's fault, not the sampler's
+                rest_error.append(exc)
+            rest.extend((t1, time.perf_counter() - t1))
+
+        helper = self.fill_beside
+        beside: FillRunner | None = None if helper is None else lambda work: helper.run(work, finish_commit)
+        if not self._finish_launch(deferred, beside):
+            return None
+        if rest_error:
+            raise rest_error[0]
+        if rest:  # it ran within the sampler's launch: counted as the commit's time only
+            deferred.launch_s -= rest[1]
+        self.early_samplers += 1
+        launched = len(self._launched_at)
+        await anyio.lowlevel.checkpoint()
+        self.launched_behind += len(self._launched_at) > launched
+        if not rest:  # no fill beside (none, or no rows for the pool): the rest follows
+            finish_commit()
+        if rest_error:
+            raise rest_error[0]
+        return first_end - t0 + rest[1], (first_end, rest[0])
+
+    def _finish_launch(self, step: Step, beside: FillRunner | None = None) -> bool:
+        """Launch a split step's sampler (its masks read the matchers just advanced; ``beside``
+        runs their fill's GIL-free part); False if that broke the engine."""
         assert step.finish_launch is not None
         t0 = time.perf_counter()
         self._launching_since = time.monotonic()
         try:
-            step.finish_launch()
+            step.finish_launch(beside)
         except Exception as exc:
             self._fail_everything(f"launching step {step.index}'s sampler raised {exc!r}", exc)
             return False

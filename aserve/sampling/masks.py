@@ -19,7 +19,8 @@ import ctypes
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -164,23 +165,71 @@ class MaskCache:
         return len(self._masks)
 
 
-def fill_masks(states: Sequence[GrammarState], out: torch.Tensor | None = None) -> torch.Tensor:
+FillRunner = Callable[[Callable[[], None]], None]
+"""Runs a fill's GIL-free part (its argument) and returns once that is done. A split step's
+sampler takes the step loop's (:class:`FillBeside`), which runs it on a helper thread while the
+loop commits the step before; without one the fill runs on the calling thread."""
+
+
+def fill_masks(
+    states: Sequence[GrammarState], out: torch.Tensor | None = None, beside: FillRunner | None = None
+) -> torch.Tensor:
     """[R, words] int32 host bitmasks of the tokens each state allows next (into ``out``, a
     contiguous host tensor of that shape, when given).
 
     Through the first state's filler (serially if it has none). A matcher that is
     stopped or failed (its request has ended; a split launch may still sample one more token
-    for it, which is never committed) allows every token."""
+    for it, which is never committed) allows every token. ``beside`` runs the rows computed
+    on the filler's pool, if any (the native call, without the GIL); the rest of the fill
+    (cache look-ups and stores, copies) runs here before and after it."""
     words = mask_words(states[0].vocab_size)
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
     assert masks.shape == (len(states), words) and masks.is_contiguous()
     filler = states[0].filler
-    (MaskFiller("serial") if filler is None else filler).fill(states, masks.data_ptr(), words * 4)
+    job = (MaskFiller("serial") if filler is None else filler).prepare(states, masks.data_ptr(), words * 4)
+    if job.pooled and beside is not None:
+        beside(job.compute)
+    else:
+        job.compute()
+    job.finish()
     return masks
 
 
 _MIN_POOL_ROWS = 16
 _MIN_POOL_ADVANCE = 128  # rows a commit's grammar advance needs for the pool (advance_all)
+
+
+class MaskFill:
+    """One step's mask fill, in three parts: :meth:`MaskFiller.prepare` (on the calling
+    thread), :meth:`compute` (the rows whose masks a matcher computes: with ``pooled``, one
+    call on llguidance's pool that holds no GIL, so it may run on another thread while the
+    caller's runs Python) and :meth:`finish` (copies within the step and cache stores, on the
+    calling thread again)."""
+
+    __slots__ = ("base", "copies", "filler", "pool", "pooled", "row_bytes", "rows", "states", "store")
+
+    def __init__(self, filler: MaskFiller, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
+        self.filler, self.states, self.base, self.row_bytes = filler, states, base, row_bytes
+        self.rows: list[tuple[Any, int]] = []  # (matcher, row) whose masks are computed
+        self.copies: list[tuple[int, int]] = []  # (row, row it copies) for rows in an earlier row's state
+        self.store: dict[tuple[Any, ...], int] = {}  # cache key -> row whose mask the cache keeps
+        self.pooled = False
+        self.pool: Any = None
+
+    def compute(self) -> None:
+        base, row_bytes = self.base, self.row_bytes
+        if self.pooled:
+            self.pool.unsafe_compute_mask_ptr(self.rows, base, row_bytes, len(self.states))
+        else:
+            for m, i in self.rows:
+                m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
+
+    def finish(self) -> None:
+        base, row_bytes = self.base, self.row_bytes
+        for i, j in self.copies:
+            ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
+        for key, i in self.store.items():
+            cast(MaskCache, self.states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
 
 
 class MaskFiller:
@@ -226,10 +275,15 @@ class MaskFiller:
         return "serial" if self.kind == "serial" else f"executor:{self.threads}"
 
     def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
-        compute: list[tuple[Any, int]] = []  # (matcher, row) whose masks are computed
+        job = self.prepare(states, base, row_bytes)
+        job.compute()
+        job.finish()
+
+    def prepare(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> MaskFill:
+        """A fill's first part: rows that need no matcher (ended ones, cache hits, a state met
+        earlier in the step) are settled or noted; the rest are left to :meth:`MaskFill.compute`."""
+        job = MaskFill(self, states, base, row_bytes)
         first: dict[tuple[Any, ...], int] = {}  # cache key -> the step's row that computes it
-        copies: list[tuple[int, int]] = []  # (row, row it copies) for rows in an earlier row's state
-        store: dict[tuple[Any, ...], int] = {}  # cache key -> row whose mask the cache keeps
         for i, st in enumerate(states):
             m = st.matcher
             dst = base + i * row_bytes
@@ -245,25 +299,20 @@ class MaskFiller:
                     continue
                 if key in first:  # met again within the step: copied, and kept from now on
                     cache.hits += 1
-                    copies.append((i, first[key]))
-                    store[key] = first[key]
+                    job.copies.append((i, first[key]))
+                    job.store[key] = first[key]
                     continue
                 first[key] = i
                 if cache.met_again(key):
-                    store[key] = i
-            compute.append((m, i))
-        if self.pooled(states, len(compute)):
+                    job.store[key] = i
+            job.rows.append((m, i))
+        job.pooled = self.pooled(states, len(job.rows))
+        if job.pooled:
             # Rows grouped by template: the pool hands each thread a contiguous run of the
             # list, so a thread mostly takes its own template's lock (Grammars._matcher).
-            compute.sort(key=lambda mi: states[mi[1]].shard)
-            self._pool().unsafe_compute_mask_ptr(compute, base, row_bytes, len(states))
-        else:
-            for m, i in compute:
-                m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
-        for i, j in copies:
-            ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
-        for key, i in store.items():
-            cast(MaskCache, states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
+            job.rows.sort(key=lambda mi: states[mi[1]].shard)
+            job.pool = self._pool()
+        return job
 
     def pooled(self, states: Sequence[GrammarState], rows: int) -> bool:
         """Whether ``rows`` of these states' rows go to the pool: an executor, the C table,
@@ -278,6 +327,48 @@ class MaskFiller:
 
                 self._executor = llguidance.LLExecutor(self.threads)
             return self._executor
+
+
+class FillBeside:
+    """Runs a step's mask fill beside other work: :meth:`run` hands the fill's GIL-free part to
+    a helper thread and runs ``meanwhile`` (the rest of a commit) on the calling thread.
+
+    The caller waits until the helper has started before it goes on: a thread woken while
+    another runs Python waits for the GIL up to the switch interval (5 ms), so a plain submit
+    would let the fill begin only once the caller blocks on its result. Started, the helper
+    enters the native call at once and drops the GIL there. When the fill returns first it
+    waits for the GIL until ``meanwhile`` ends, which costs nothing: the caller waits for the
+    fill next (docs/architecture.md, "Structured outputs")."""
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self.runs = 0  # fills that ran beside other work
+
+    def run(self, work: Callable[[], None], meanwhile: Callable[[], None]) -> None:
+        """``work()`` on the helper thread and ``meanwhile()`` here; returns once both are done
+        (an exception from either is raised, ``meanwhile``'s first)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="aserve-fill")
+        started = threading.Event()
+
+        def job() -> None:
+            started.set()
+            work()
+
+        done = self._executor.submit(job)
+        started.wait()
+        self.runs += 1
+        try:
+            meanwhile()
+        finally:
+            error = done.exception()  # waits for the fill, whatever ``meanwhile`` did
+        if error is not None:
+            raise error
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
 
 
 def default_fill_threads() -> int:

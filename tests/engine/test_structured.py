@@ -288,6 +288,9 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
                 assert o.finish_reason == "stop", (spec, i, o.text)
                 jsonschema.validate(json.loads(o.text), SCHEMAS[i % 10])
             assert await _settled(eng)
+            # The split steps' pool fills ran beside the rest of the commit before them.
+            beside = eng._loop.fill_beside
+            assert beside is not None and (beside.runs > 0) == (spec != "serial"), beside.runs
             if spec != "serial":
                 assert filler._executor is not None, "no step had enough constrained rows for the pool"
                 assert filler.pool_consumes > 0, "no commit advanced its grammar rows on the pool"

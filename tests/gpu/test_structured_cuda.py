@@ -129,7 +129,15 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
     """Every row of a greedy decode step constrained, overlap on: a split step's sampler is
     its size's masked-argmax graph (one replay), and the tokens are those of the eager launch
     (ASERVE_SAMPLER_GRAPH=0) and of serial mode without graphs, through the sampler. Two
-    grammars, lengths that differ, so the batch shrinks through the ladder's sizes."""
+    grammars, lengths that differ, so the batch shrinks through the ladder's sizes. The masks
+    fill on llguidance's pool (its row minimum lowered for 20 rows, the mask cache off after
+    the first token), beside the rest of the
+    commit before (StepLoop.fill_beside), and with that off (ASERVE_FILL_BESIDE=0)."""
+    from aserve.sampling import masks
+
+    monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 2)
+    monkeypatch.setattr(masks, "MASK_CACHE_PREFIX", 0)  # rows computed, not copied from the cache
+    monkeypatch.setenv("ASERVE_MASK_FILL", "executor:2")
     jobs = []
     for i in range(20):
         so = StructuredOutputs(regex=PATTERN) if i % 2 else StructuredOutputs(choice=("alpha", "beta", "gamma delta"))
@@ -137,18 +145,24 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
             (f"item {i} is", aserve.SamplingParams(max_tokens=8 + 3 * i, temperature=0.0, structured_outputs=so))
         )
 
-    async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int]:
+    async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int, int]:
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, debug=True, cuda_graph=graphs) as engine:  # fmt: skip
             outs = await _outputs(engine, jobs)
-            g = engine.runner.decode_graphs
-            return outs, 0 if g is None else g.masked_runs, engine.runner.split_steps
+            g, beside = engine.runner.decode_graphs, engine._loop.fill_beside
+            return (outs, 0 if g is None else g.masked_runs, engine.runner.split_steps,
+                    -1 if beside is None else beside.runs)  # fmt: skip
 
-    reference, _, _ = anyio.run(run, False, False)
-    replayed, runs, split = anyio.run(run, True, True)
-    assert runs > 0 and split > 0
+    reference, _, _, _ = anyio.run(run, False, False)
+    replayed, runs, split, beside_runs = anyio.run(run, True, True)
+    assert runs > 0 and split > 0 and beside_runs > 0
+    monkeypatch.setenv("ASERVE_FILL_BESIDE", "0")
+    in_turn, runs_in_turn, _, beside_off = anyio.run(run, True, True)
+    assert runs_in_turn > 0 and beside_off == -1
+    monkeypatch.delenv("ASERVE_FILL_BESIDE")
     monkeypatch.setenv("ASERVE_SAMPLER_GRAPH", "0")
-    eager, runs_off, split_off = anyio.run(run, True, True)
-    assert runs_off == 0 and split_off > 0
-    for r, o, e in zip(reference, replayed, eager, strict=True):
-        assert r.token_ids == o.token_ids == e.token_ids and r.finish_reason == o.finish_reason == e.finish_reason
+    eager, runs_off, split_off, beside_eager = anyio.run(run, True, True)
+    assert runs_off == 0 and split_off > 0 and beside_eager > 0
+    for r, o, t, e in zip(reference, replayed, in_turn, eager, strict=True):
+        assert r.token_ids == o.token_ids == t.token_ids == e.token_ids
+        assert r.finish_reason == o.finish_reason == t.finish_reason == e.finish_reason

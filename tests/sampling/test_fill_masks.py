@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aserve.sampling.grammar import Grammars, _GreedyTokenizer
-from aserve.sampling.masks import fill_masks, mask_words
+from aserve.sampling.masks import FillBeside, fill_masks, mask_words
 from aserve.sampling_params import StructuredOutputs
 
 pytest.importorskip("llguidance")
@@ -57,11 +57,12 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     n = 60
     states = [grammars.state(specs[i % len(specs)], filler) for i in range(n)]
     plain = [grammars.state(specs[i % len(specs)], MaskFiller("serial"), cached=False) for i in range(n)]
+    uncached = [grammars.state(specs[i % len(specs)], filler, cached=False) for i in range(n)]
     tok = grammars._tokenizer
     for i in range(n):  # mostly different grammar states row by row; the choice rows repeat
         text = {0: '{"a": ' + str(i), 1: f"{i:03d}-", 2: "maybe"[: i % 4]}[i % 3]
         for t in tok.encode(text):
-            assert states[i].advance(t) and plain[i].advance(t)
+            assert states[i].advance(t) and plain[i].advance(t) and uncached[i].advance(t)
     assert states[0].token_table is not None
     # Rows take each grammar's templates in turn (TEMPLATES_PER_THREAD a thread): copies of
     # separately compiled matchers.
@@ -73,6 +74,7 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
         done.advance(t)
     states.insert(5, done)
     plain.insert(5, done)
+    uncached.insert(5, done)
     words = mask_words(grammars.vocab_size)
     pooled = torch.zeros((len(states), words), dtype=torch.int32)
     filler.fill(states, pooled.data_ptr(), words * 4)
@@ -87,6 +89,12 @@ def test_the_executor_fills_what_the_loop_fills(grammars: Grammars) -> None:
     again = torch.zeros_like(pooled)  # now partly from the cache the pool filled
     filler.fill(states, again.data_ptr(), words * 4)
     assert torch.equal(again, want) and grammars.masks.hits >= stored
+    # The pool's call on a helper thread while this one runs other Python (the step loop's
+    # fill beside the rest of a commit): the same masks.
+    helper, meanwhile = FillBeside(), []
+    beside = fill_masks(uncached, beside=lambda work: helper.run(work, lambda: meanwhile.append(1)))
+    helper.close()
+    assert torch.equal(beside, want) and helper.runs == 1 and meanwhile == [1]
     small = torch.zeros((8, words), dtype=torch.int32)  # too few rows for the pool: the loop
     few = MaskFiller("executor:3")
     few.fill(states[:8], small.data_ptr(), words * 4)
@@ -408,3 +416,48 @@ def test_templates_across_grammars_stay_under_the_cap(grammars: Grammars, monkey
                       for sp in [specs[0]] * 3 + [specs[1]] * 3 + [specs[2]] * 8])  # fmt: skip
     assert torch.equal(got, want)
     grammars._cache.clear()  # the module's other tests compile what they need afresh
+
+
+def test_fill_beside_runs_the_fill_and_the_other_work_at_once() -> None:
+    """``FillBeside.run`` returns only once both are done, and they run at the same time: the
+    fill waits for a signal that only the other work gives, and the other work for the fill's
+    answer (a run one after the other would time out). An error of either is raised, the
+    other work's first, and the fill is waited for even then."""
+    import threading
+
+    helper = FillBeside()
+    go, came = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def work() -> None:
+        assert go.wait(30), "the other work never ran while the fill did"
+        came.set()
+        order.append("fill")
+
+    def meanwhile() -> None:
+        go.set()
+        assert came.wait(30), "the fill never ran while the other work did"
+        order.append("meanwhile")
+
+    helper.run(work, meanwhile)
+    assert sorted(order) == ["fill", "meanwhile"] and helper.runs == 1
+
+    def fails() -> None:
+        raise ValueError("fill")
+
+    with pytest.raises(ValueError, match="fill"):
+        helper.run(fails, lambda: None)
+    finished: list[str] = []
+
+    def slow_fill() -> None:
+        assert go.wait(30)
+        finished.append("fill")
+
+    def commit_fails() -> None:
+        raise RuntimeError("commit")
+
+    with pytest.raises(RuntimeError, match="commit"):
+        helper.run(slow_fill, commit_fails)
+    assert finished == ["fill"], "run returned before its fill ended"
+    helper.close()
+    assert helper._executor is None
