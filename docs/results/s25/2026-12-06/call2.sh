@@ -1,7 +1,8 @@
 #!/bin/bash
 # Session 25, call 2 (issue 16): the fill beside the commit (restored from 2c1b876) on top of the
 # masks' copy beside the forward. 1. the structured CUDA tests; 2. the structured bench taking
-# turns: B (ASERVE_FILL_BESIDE=1, the tree) and A (=0, the fill, then the commit's rest).
+# turns: B (ASERVE_FILL_BESIDE=1, the tree) and A (=0, the fill, then the commit's rest);
+# 3. the host's timeline at 256 rows (timeline.py), beside and not, if time is left.
 # Carry [".gpu", ".whl"]; BUDGET seconds.
 S=$(date +%s); BUDGET=${BUDGET:-300}
 python -m pip install -q --no-deps --no-index --break-system-packages .whl/*.whl 2>&1 | grep -v WARNING | tail -2
@@ -22,4 +23,7 @@ structured B1 1
 structured A1 0
 structured B2 1
 structured A2 0
+for f in 1 0; do L=$(left); [ $L -gt 45 ] || break
+  ASERVE_FILL_BESIDE=$f timeout $L python docs/results/s25/2026-12-06/timeline.py --batch 256 --out $OUT/timeline256_beside$f.json 2>&1 | grep -v "^20..-" | grep -v Warn
+done
 date -u; echo "took $(( $(date +%s) - S )) s"
