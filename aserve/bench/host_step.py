@@ -93,6 +93,8 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
     done._complete()  # the device work is left out: every step's events have passed
     picks = [random.Random(i) for i in range(batch)]
     fill_us: list[float] = []
+    distinct: list[int] = []
+    nonzero_words: list[float] = []
 
     def tokens_for(plan: Plan, host: Any) -> StepOutputs:
         """Token 7 for every row, or with grammars a token each constrained row's mask allows."""
@@ -104,6 +106,11 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         t0 = time.perf_counter()
         masks = fill_masks([g for _, g in rows])
         fill_us.append((time.perf_counter() - t0) * 1e6)
+        # What the step's masks hold (outside the timing): how many distinct ones, and how
+        # many of a row's words are not zero (what an upload of distinct or sparse rows would
+        # move instead of every row's every word).
+        distinct.append(int(torch.unique(masks, dim=0).shape[0]))
+        nonzero_words.append(float((masks != 0).sum(dim=1).float().mean()))
         for k, (i, _) in enumerate(rows):
             words = (masks[k] != 0).nonzero().flatten().tolist()
             pick = picks[int(reqs[i].rid[1:])]
@@ -130,6 +137,8 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         index += 1
     plan_us, launch_us, commit_us, advance_us = [], [], [], []
     fill_us.clear()  # the prefill steps' fills are not the steady state's
+    distinct.clear()
+    nonzero_words.clear()
     before = committer.output_tokens
     for i in range(index, index + steps):
         t0 = time.perf_counter()
@@ -164,7 +173,8 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
     }  # fmt: skip
     if grammars is not None:
         out.update(fill_us=med(fill_us), advance_us=med(advance_us), fill=grammars.filler.spec,
-                   mask_cache_hits=grammars.masks.hits, mask_cache_misses=grammars.masks.misses)  # fmt: skip
+                   mask_cache_hits=grammars.masks.hits, mask_cache_misses=grammars.masks.misses,
+                   distinct_masks=med(distinct), nonzero_words_per_row=statistics.mean(nonzero_words))  # fmt: skip
     return out
 
 
@@ -268,10 +278,11 @@ def main() -> None:
         "machine": platform.machine(), "processor": platform.processor(), "batches": rows,
     }  # fmt: skip
     Path(args.out).write_text(json.dumps(results, indent=1))
-    fill = f"{'fill us':>9}{'(advance us)':>14}" if grammars else ""
+    fill = f"{'fill us':>9}{'(advance us)':>14}{'distinct masks':>16}{'words set/row':>15}" if grammars else ""
     print(f"{'batch':>6}{'plan us':>10}{'launch us':>11}{'commit us':>11}{'total us':>10}{'us/req':>8}{fill}")
     for r in rows:
-        fill = f"{r['fill_us']:>9.0f}{r['advance_us']:>14.0f}" if grammars else ""
+        fill = (f"{r['fill_us']:>9.0f}{r['advance_us']:>14.0f}{r['distinct_masks']:>16.0f}"
+                f"{r['nonzero_words_per_row']:>15.1f}") if grammars else ""  # fmt: skip
         print(f"{r['batch']:>6}{r['plan_us']:>10.0f}{r['launch_host_us']:>11.0f}{r['commit_us']:>11.0f}"
               f"{r['total_us']:>10.0f}{r['per_request_us']:>8.2f}{fill}")  # fmt: skip
 

@@ -51,3 +51,6 @@ def test_host_step_constrained_bench_commits_what_the_masks_allow() -> None:
     # The commit's grammar advance is timed as part of it, and reported apart.
     assert isinstance(out["advance_us"], float) and 0 < out["advance_us"] < out["commit_us"]  # type: ignore[operator]
     assert grammars.masks.hits + grammars.masks.misses > 0
+    # What the masks hold: at least one mask a step, at most one a row; every row allows a token.
+    assert 1 <= out["distinct_masks"] <= 8  # type: ignore[operator]
+    assert out["nonzero_words_per_row"] >= 1  # type: ignore[operator]
