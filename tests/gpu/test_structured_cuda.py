@@ -131,8 +131,8 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
     (ASERVE_SAMPLER_GRAPH=0) and of serial mode without graphs, through the sampler. Two
     grammars, lengths that differ, so the batch shrinks through the ladder's sizes. The masks
     fill on llguidance's pool (its row minimum lowered for 20 rows, the mask cache off after
-    the first token), beside the rest of the
-    commit before (StepLoop.fill_beside), and with that off (ASERVE_FILL_BESIDE=0)."""
+    the first token), beside the rest of the commit before (StepLoop.fill_beside), and with
+    that off (ASERVE_FILL_BESIDE=0)."""
     from aserve.sampling import masks
 
     monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 2)
