@@ -214,8 +214,9 @@ def main() -> None:
             print(f"structured b={b}: {bound['output_tok_s']:.0f} vs {free['output_tok_s']:.0f} tok/s "
                   f"= {row['ratio']:.2f}x{spread}, busy {bound['device_busy_fraction']:.1%} vs "
                   f"{free['device_busy_fraction']:.1%}; decode alone {row['steady_decode_ratio'] or 0:.2f}x; "
-                  f"step busy {bound.get('median_step_busy_ms') or 0:.2f} vs {free.get('median_step_busy_ms') or 0:.2f} ms",
-                  flush=True)  # fmt: skip
+                  f"step busy {bound.get('median_step_busy_ms') or 0:.2f} vs {free.get('median_step_busy_ms') or 0:.2f} ms; "
+                  f"steady idle {bound.get('steady_decode_idle_fraction') or 0:.1%}; mask rows copied a row "
+                  f"{bound['split'].get('masks_copied_per_row', float('nan')):.3f}", flush=True)  # fmt: skip
             save()
     if "w3" in only:
         path = root / g
