@@ -166,3 +166,48 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
     for r, o, t, e in zip(reference, replayed, in_turn, eager, strict=True):
         assert r.token_ids == o.token_ids == t.token_ids == e.token_ids
         assert r.finish_reason == o.finish_reason == t.finish_reason == e.finish_reason
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_masks_sent_as_their_distinct_rows_give_the_tokens_of_every_row_sent(
+    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, temperature: float
+) -> None:
+    """A step's masks copied as their distinct rows and an index (the masked-argmax graph reads
+    through the index; the eager sampler's rows are gathered on the device) against every row
+    copied (ASERVE_DISTINCT_MASKS=0): the same tokens, seeded sampling included, and fewer rows
+    copied. 24 requests of two grammars, the mask cache off after the first token (every row
+    computed), on llguidance's pool."""
+    from aserve.sampling import masks
+
+    monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 2)
+    monkeypatch.setattr(masks, "MASK_CACHE_PREFIX", 0)
+    monkeypatch.setenv("ASERVE_MASK_FILL", "executor:2")
+    jobs = []
+    for i in range(24):
+        so = StructuredOutputs(regex=PATTERN) if i % 3 else StructuredOutputs(choice=("alpha", "beta", "gamma delta"))
+        params = aserve.SamplingParams(max_tokens=40 + i, temperature=temperature, seed=i, structured_outputs=so)
+        jobs.append((f"item {i} is", params))
+
+    async def run() -> tuple[list[Any], int, int, int]:
+        async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
+                                 debug=True) as engine:  # fmt: skip
+            outs = await _outputs(engine, jobs)
+            g = engine.runner.decode_graphs
+            assert g is not None
+            return outs, g.masks_uploaded, g.masks_filled, engine.runner.masks_gathered
+
+    monkeypatch.setenv("ASERVE_DISTINCT_MASKS", "0")
+    every, _, _, gathered_off = anyio.run(run)
+    monkeypatch.delenv("ASERVE_DISTINCT_MASKS")
+    distinct, uploaded, filled, gathered = anyio.run(run)
+    assert gathered_off == 0
+    if temperature == 0.0:
+        assert 0 < uploaded < filled  # the masked-argmax graph's steps
+    else:
+        assert gathered > 0  # the eager sampler's
+    for e, d in zip(every, distinct, strict=True):
+        assert e.token_ids == d.token_ids and e.finish_reason == d.finish_reason
+    for (_, p), o in zip(jobs, distinct, strict=True):
+        so = p.structured_outputs
+        assert so is not None and o.finish_reason == "stop"
+        assert re.fullmatch(PATTERN, o.text) if so.regex else o.text in ("alpha", "beta", "gamma delta"), o.text
