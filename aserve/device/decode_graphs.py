@@ -30,6 +30,7 @@ three copies, two waits, a Triton launch and their events (docs/architecture.md,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -40,7 +41,6 @@ from aserve.attention.metadata import AttentionMetadata
 from aserve.device.future_map import FutureMap
 from aserve.kv.pool import KVPool
 from aserve.progress import phase
-from aserve.sampling.masks import distinct_copies
 
 S = TypeVar("S")
 R = TypeVar("R")
@@ -124,7 +124,8 @@ class DecodeGraphs:
         self._masked: dict[int, Any] = {}  # size -> the masked argmax's graph (CUDA)
         self.masked: _MaskedBuffers | None = None  # their buffers, once captured
         self.masked_runs = 0  # masked argmaxes replayed (masked_argmax)
-        self.distinct_masks = distinct_copies()  # upload_masks: the distinct rows, or every row
+        # ASERVE_DISTINCT_MASKS=0 copies every row's mask (upload_masks), to measure against.
+        self.distinct_masks = os.environ.get("ASERVE_DISTINCT_MASKS", "1") != "0"
         self.masks_uploaded = 0  # mask rows copied to the device by upload_masks (distinct or all)
         self.masks_filled = 0  # the constrained rows of those steps
 

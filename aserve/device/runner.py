@@ -30,7 +30,7 @@ from aserve.device.step import Step, StepOutputs
 from aserve.device.streams import give_back_runner_streams, on_stream, take_runner_streams
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
-from aserve.sampling.masks import FillRunner, GrammarState, distinct_copies, distinct_masks, fill_masks, mask_words
+from aserve.sampling.masks import FillRunner, GrammarState, fill_masks, mask_words
 from aserve.sampling.sampler import (
     SampleOutput,
     apply_masks_,
@@ -72,14 +72,12 @@ class ModelRunner:
         self.fast_graph_steps = 0  # steps whose host inputs took the greedy graph fast path
         self.split_steps = 0  # steps launched in two (constrained rows' masks filled later)
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
-        self.masks_gathered = 0  # eager steps whose masks went as distinct rows (_upload_masks)
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
         # inputs and outputs.
         slots = max(3, pipeline_depth + 1)
         self.staging = PinnedStaging(slots, pin=device.type == "cuda")
-        self.distinct_masks = distinct_copies()  # _upload_masks: the distinct rows, or every row
         self.out_staging = PinnedStaging(slots, pin=device.type == "cuda")
         self._streams: tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream] | None = None
         if device.type == "cuda":
@@ -505,28 +503,14 @@ class ModelRunner:
         self, index: int, grammar: list[GrammarState], keep: list[torch.Tensor], beside: FillRunner | None = None
     ) -> torch.Tensor:
         """The rows' masks, filled straight into pinned memory and copied on the schedule
-        stream (the forward stream waits for it); the pinned buffers go into ``keep``. Where
-        the rows repeat a few masks (:func:`distinct_masks`) only those travel, with each
-        row's index, and the device gathers the rows back (an 8 MiB gather there takes
-        microseconds, its copy from the host ~0.2-0.8 ms: docs/benchmarks.md, session 26)."""
-        words, rows = mask_words(grammar[0].vocab_size), len(grammar)
-        pinned = self.staging.buffer(index, torch.int32, rows * words, "mask").view(-1, words)
+        stream (the forward stream waits for it); the pinned buffer goes into ``keep``."""
+        words = mask_words(grammar[0].vocab_size)
+        pinned = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
         fill_masks(grammar, pinned, beside)
-        keep.append(pinned)
-        n = None
-        if self.distinct_masks and rows >= _DISTINCT_MIN_ROWS:
-            distinct = self.staging.buffer(index, torch.int32, rows // 4 * words, "mask_distinct").view(-1, words)
-            at = self.staging.buffer(index, torch.int32, rows, "mask_index")
-            filler = grammar[0].filler
-            n = distinct_masks(pinned, distinct, at, 1 if filler is None else filler.threads)
-            keep += [distinct, at]
         with on_stream(self.schedule_stream):
-            if n is None:
-                return pinned.to(self.device, non_blocking=True)
-            self.masks_gathered += 1
-            return (
-                distinct[:n].to(self.device, non_blocking=True).index_select(0, at.to(self.device, non_blocking=True))
-            )
+            bits = pinned.to(self.device, non_blocking=True)
+        keep.append(pinned)
+        return bits
 
     def _sample_cuda(
         self, index: int, work: Callable[[], SampleOutput], bufs: dict[str, torch.Tensor], step: Step | None
@@ -559,10 +543,6 @@ def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:
         return dataclasses.replace(dev, mask_bits=bits)
     return dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits))
 
-
-# Constrained rows from which an eager step's masks are searched for their distinct rows (at a
-# quarter of the rows or fewer, those travel alone): below, the search's wake-up is most of it.
-_DISTINCT_MIN_ROWS = 16
 
 # Constrained greedy rows from which a step takes the fused masked argmax. Session 20 measured
 # its first form (two Triton launches, ~150 us at any size on the H100 host) behind the in-place

@@ -381,12 +381,6 @@ def default_fill_threads() -> int:
     return min(8, cpus // 2) if cpus >= 8 else 1
 
 
-def distinct_copies() -> bool:
-    """Whether a step's masks go to the device as their distinct rows and an index
-    (``ASERVE_DISTINCT_MASKS=0``: every row, kept to measure against)."""
-    return os.environ.get("ASERVE_DISTINCT_MASKS", "1") != "0"
-
-
 def distinct_masks(
     masks: torch.Tensor, out: torch.Tensor, index: torch.Tensor, threads: int = 1, *, weak_hash: bool = False
 ) -> int | None:
