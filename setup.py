@@ -34,7 +34,7 @@ class OptionalBuildExt(build_ext):
 ggufmm = Extension(
     "aserve.kernels._ggufmm",
     sources=["aserve/kernels/_ggufmm.c"],
-    depends=["aserve/kernels/_ggufmm_kernels.h", "aserve/kernels/_cpu_ops.h", "aserve/kernels/_mask_rows.h"],
+    depends=["aserve/kernels/_ggufmm_kernels.h", "aserve/kernels/_cpu_ops.h"],
     extra_compile_args=["-O3", "-pthread", "-std=gnu11", "-Wno-psabi"],
     extra_link_args=["-pthread"],
     libraries=["m"],  # fmaf

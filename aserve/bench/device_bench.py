@@ -215,8 +215,7 @@ def main() -> None:
                   f"= {row['ratio']:.2f}x{spread}, busy {bound['device_busy_fraction']:.1%} vs "
                   f"{free['device_busy_fraction']:.1%}; decode alone {row['steady_decode_ratio'] or 0:.2f}x; "
                   f"step busy {bound.get('median_step_busy_ms') or 0:.2f} vs {free.get('median_step_busy_ms') or 0:.2f} ms; "
-                  f"steady idle {bound.get('steady_decode_idle_fraction') or 0:.1%}; mask rows copied a row "
-                  f"{bound['split'].get('masks_copied_per_row', float('nan')):.3f}", flush=True)  # fmt: skip
+                  f"steady idle {bound.get('steady_decode_idle_fraction') or 0:.1%}", flush=True)  # fmt: skip
             save()
     if "w3" in only:
         path = root / g

@@ -43,8 +43,6 @@ def run_throughput(
             if profiler is not None:  # serving only: not start-up, compilation or capture
                 profiler.enable()
             gc_log = _GcPauses()
-            graphs = engine.runner.decode_graphs
-            masks0 = (graphs.masks_uploaded, graphs.masks_filled) if graphs is not None else (0, 0)
             t0 = time.perf_counter()
             with gc_log:
                 res = await _run_batch(engine, prompts, params)
@@ -54,12 +52,8 @@ def run_throughput(
             st = engine.stats()
             recs = engine.step_records()
             loop = engine._loop
-            split: dict[str, float] = {"split_steps": engine.runner.split_steps, "planned_ahead": loop.planned_ahead,
+            split = {"split_steps": engine.runner.split_steps, "planned_ahead": loop.planned_ahead,
                      "early_samplers": loop.early_samplers, "launched_behind": loop.launched_behind}  # fmt: skip
-            if graphs is not None and graphs.masks_filled > masks0[1]:
-                # Mask rows copied to the device per constrained row of the masked-argmax steps
-                # (DecodeGraphs.upload_masks: the distinct ones, or all).
-                split["masks_copied_per_row"] = (graphs.masks_uploaded - masks0[0]) / (graphs.masks_filled - masks0[1])
         out_tokens = sum(len(r.token_ids) for r in res)
         decode = [r for r in recs if r.num_decodes == r.num_seqs]
         gaps = [r.device_gap_s for r in decode if r.device_gap_s is not None]

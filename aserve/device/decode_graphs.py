@@ -20,17 +20,15 @@ On a CPU there is nothing to capture: the same body runs directly on the static 
 which is how the padding, bucketing and in-graph gather/publish are tested in CI.
 
 On CUDA each size also has a second, small graph for a greedy step whose rows a grammar all
-constrains (:meth:`DecodeGraphs.masked_argmax`, issue 16): the masked argmax over the graph's
-logits (publishing into the FutureMap), reading each row's mask through an index into the
-step's distinct masks (:meth:`DecodeGraphs.upload_masks` copies those beside the forward), and
-the tokens' copy back to pinned memory. A split step's sampler is then one replay where it was
+constrains (:meth:`DecodeGraphs.masked_argmax`, issue 16): the masks' copy from one pinned
+buffer, the masked argmax over the graph's logits (publishing into the FutureMap) and the
+tokens' copy back to pinned memory. A split step's sampler is then one replay where it was
 three copies, two waits, a Triton launch and their events (docs/architecture.md,
 "Structured outputs").
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -65,10 +63,7 @@ class _MaskedBuffers(NamedTuple):
     """The masked-argmax graphs' static buffers, shared by every size (the first rows used)."""
 
     host_bits: torch.Tensor  # [max, words] int32, pinned: the step's masks, filled in place
-    host_distinct: torch.Tensor  # [max // 4, words] int32, pinned: their distinct rows (upload_masks)
-    host_index: torch.Tensor  # [max] int32, pinned: which of those each row's mask is
-    device_bits: torch.Tensor  # [max, words] int32: the distinct masks (or every row's) on the device
-    device_index: torch.Tensor  # [max] int32: host_index on the device
+    device_bits: torch.Tensor  # [max, words] int32: their copy on the device
     device_tokens: torch.Tensor  # [max] int64: the masked argmax
     host_tokens: torch.Tensor  # [max] int64, pinned: its copy back
     rows: torch.Tensor  # [max] int64: 0, 1, ... (every row of a size is masked)
@@ -124,10 +119,6 @@ class DecodeGraphs:
         self._masked: dict[int, Any] = {}  # size -> the masked argmax's graph (CUDA)
         self.masked: _MaskedBuffers | None = None  # their buffers, once captured
         self.masked_runs = 0  # masked argmaxes replayed (masked_argmax)
-        # ASERVE_DISTINCT_MASKS=0 copies every row's mask (upload_masks), to measure against.
-        self.distinct_masks = os.environ.get("ASERVE_DISTINCT_MASKS", "1") != "0"
-        self.masks_uploaded = 0  # mask rows copied to the device by upload_masks (distinct or all)
-        self.masks_filled = 0  # the constrained rows of those steps
 
     def _buffers(self, b: int) -> _Static:
         inputs = torch.empty(3, b, dtype=torch.int64, device=self.device)
@@ -202,10 +193,7 @@ class DecodeGraphs:
         # Every tensor a graph reads lives as long as the graphs (here, not in the closure).
         m = self.masked = _MaskedBuffers(
             torch.full((n, words), -1, dtype=torch.int32).pin_memory(),
-            torch.empty((max(1, n // 4), words), dtype=torch.int32).pin_memory(),
-            torch.zeros(n, dtype=torch.int32).pin_memory(),
             torch.full((n, words), -1, dtype=torch.int32, device=self.device),
-            torch.zeros(n, dtype=torch.int32, device=self.device),
             torch.empty(n, dtype=torch.int64, device=self.device),
             torch.empty(n, dtype=torch.int64, pin_memory=True),
             torch.arange(n, device=self.device),
@@ -216,47 +204,22 @@ class DecodeGraphs:
         def body(s: _Static) -> None:
             b = s.size
             assert s.out is not None
-            masked_argmax_(m.device_tokens[:b], s.out.logits, m.rows[:b], m.device_bits,
-                           (self.future_map.tokens, s.inputs[0]), m.scratch, m.device_index[:b])  # fmt: skip
+            masked_argmax_(m.device_tokens[:b], s.out.logits, m.rows[:b], m.device_bits[:b],
+                           (self.future_map.tokens, s.inputs[0]), m.scratch)  # fmt: skip
             m.host_tokens[:b].copy_(m.device_tokens[:b], non_blocking=True)
 
         statics = [self._static[b] for b in reversed(self.sizes)]
         captured = capture_graphs(self.device, stream, "capturing masked-argmax CUDA graphs", statics, body)
         self._masked = {s.size: graph for s, (graph, _) in zip(statics, captured, strict=True)}
 
-    def upload_masks(self, size: int, rows: int, threads: int = 1) -> None:
-        """On the current stream: the masks of a size-``size`` step's first ``rows`` rows
-        (``masked.host_bits``) to the device, where :meth:`masked_argmax` reads them. Kept out
-        of that graph so that the copy can run on another stream while the device still runs
-        the step's forward.
-
-        Only the distinct masks travel, with each row's index among them
-        (:func:`aserve.sampling.masks.distinct_masks` on ``threads`` host threads): a row is
-        32 KiB at a 262k vocabulary, and a step's rows repeat a few grammar states (a 256-row
-        step of the device bench's schema: 8 MiB of masks, 4 distinct, 0.2-0.8 ms copying on
-        the H200, docs/benchmarks.md session 26). Where more rows are distinct than
-        ``host_distinct`` holds (a quarter of the largest size), or without the C extension,
-        every row goes, index r for row r. Padded rows read mask 0."""
-        from aserve.sampling.masks import distinct_masks
-
+    def upload_masks(self, size: int) -> None:
+        """On the current stream: the first ``size`` rows of ``masked.host_bits`` to the device
+        (``masked.device_bits``), where :meth:`masked_argmax` reads them. Kept out of that graph
+        so that the copy can run on another stream while the device still runs the step's
+        forward (32 KiB a row at a 262k vocabulary: 8 MiB at 256 rows)."""
         m = self.masked
-        assert m is not None and 0 < rows <= size
-        n = (
-            distinct_masks(m.host_bits[:rows], m.host_distinct, m.host_index[:rows], threads)
-            if self.distinct_masks
-            else None
-        )
-        if n is None:
-            torch.arange(size, dtype=torch.int32, out=m.host_index[:size])
-            m.device_bits[:size].copy_(m.host_bits[:size], non_blocking=True)
-            n = size
-        else:
-            if rows < size:
-                m.host_index[rows:size].fill_(0)
-            m.device_bits[:n].copy_(m.host_distinct[:n], non_blocking=True)
-        m.device_index[:size].copy_(m.host_index[:size], non_blocking=True)
-        self.masks_uploaded += n
-        self.masks_filled += rows
+        assert m is not None
+        m.device_bits[:size].copy_(m.host_bits[:size], non_blocking=True)
 
     def masked_argmax(self, size: int) -> None:
         """On the current stream, after the size-``size`` decode graph's replay and the masks'

@@ -479,9 +479,8 @@ class ModelRunner:
         fill_masks(grammar, buffers.host_bits[:b], beside)
         # The masks' copy on the schedule stream: it runs beside whatever of the step's forward
         # the device has still to run, rather than after it.
-        filler = grammar[0].filler
         with on_stream(self.schedule_stream):
-            graphs.upload_masks(size, b, 1 if filler is None else filler.threads)
+            graphs.upload_masks(size)
         stream = self.forward_stream
         stream.wait_stream(self.schedule_stream)
         with on_stream(stream):

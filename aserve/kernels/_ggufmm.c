@@ -267,7 +267,6 @@ struct job {
     const int8_t *xq; /* the same x row-major [m, k], and its scales [m, k / 32] */
     const float *xd;
     const uint16_t *xb; /* set: x [m, k] in bfloat16, and the tiles multiply in bfloat16 */
-    int64_t spin_ns; /* how long helpers spin after it: 0 the pool's spin_ns, < 0 not at all */
 };
 
 /* Each shared word on its own cache line: a claim or a count must not evict the call's
@@ -277,7 +276,6 @@ static _Alignas(64) _Atomic uint64_t ticket;
 static _Alignas(64) _Atomic int64_t done;
 static _Alignas(64) _Atomic int allowed; /* helpers 0 .. allowed - 1 may claim chunks of the current call */
 static _Alignas(64) _Atomic int sleepers;
-static _Atomic int64_t call_spin_ns; /* the running call's spin (struct job's spin_ns, resolved) */
 static int num_helpers;
 static pthread_mutex_t submit_lock = PTHREAD_MUTEX_INITIALIZER; /* one call on the pool at a time */
 static pthread_mutex_t sleep_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -413,7 +411,7 @@ static void *helper_main(void *arg) {
     for (;;) {
         claim_chunks(who, NULL);
         const uint64_t gen = T_GEN(atomic_load_explicit(&ticket, memory_order_acquire));
-        const int64_t until = now_ns() + atomic_load_explicit(&call_spin_ns, memory_order_relaxed);
+        const int64_t until = now_ns() + spin_ns;
         int spins = 0;
         while (T_GEN(atomic_load_explicit(&ticket, memory_order_acquire)) == gen) {
             cpu_relax();
@@ -476,8 +474,6 @@ static int run_job(const struct job *j, int64_t nchunks, int threads) {
     }
     helpers = ready_helpers(helpers, j->dequant || j->rowfn != NULL || j->gemv != NULL ? 0 : j->k);
     job = *j;
-    atomic_store_explicit(&call_spin_ns, j->spin_ns == 0 ? spin_ns : j->spin_ns < 0 ? 0 : j->spin_ns,
-                          memory_order_relaxed);
     atomic_store_explicit(&done, 0, memory_order_relaxed);
     atomic_store_explicit(&allowed, helpers, memory_order_relaxed);
     const uint64_t gen = (T_GEN(atomic_load(&ticket)) + 1) & ((1u << 24) - 1);
@@ -508,7 +504,6 @@ static int64_t chunk_rows_for(int64_t n, int64_t unit, int threads) {
 }
 
 #include "_cpu_ops.h"
-#include "_mask_rows.h"
 
 /* ---- Python entry points ------------------------------------------------------------- */
 
@@ -1056,22 +1051,6 @@ static PyObject *py_apply_bitmask(PyObject *self, PyObject *args) {
     Py_RETURN_NONE;
 }
 
-/* distinct_masks(src, rows, row_bytes, dst, cap, index, threads, weak): mask_rows_distinct */
-static PyObject *py_distinct_masks(PyObject *self, PyObject *args) {
-    unsigned long long sp, dp, ip;
-    long long rows, row_bytes, cap;
-    int threads, weak;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "KLLKLKii", &sp, &rows, &row_bytes, &dp, &cap, &ip, &threads, &weak)) return NULL;
-    int64_t count;
-    Py_BEGIN_ALLOW_THREADS
-    count = mask_rows_distinct((const uint8_t *)(uintptr_t)sp, rows, row_bytes, (uint8_t *)(uintptr_t)dp, cap,
-                               (int32_t *)(uintptr_t)ip, threads, weak);
-    Py_END_ALLOW_THREADS
-    if (count == -3) return PyErr_NoMemory();
-    return PyLong_FromLongLong(count);
-}
-
 /* gated(g, u, y, n, act): y = act(g) * u, act 1 GELU (tanh), 0 SiLU; n a multiple of 16 */
 static PyObject *py_gated(PyObject *self, PyObject *args) {
     unsigned long long gp, up, yp;
@@ -1457,7 +1436,6 @@ static PyMethodDef methods[] = {
     {"layer_record_size", py_layer_record_size, METH_NOARGS, "bytes of one decoder_layers plan record"},
     {"race_uniforms", py_race_uniforms, METH_VARARGS, "the sampler's uniforms for token hashes x row keys"},
     {"apply_bitmask", py_apply_bitmask, METH_VARARGS, "-inf where grammar masks disallow a token (float32 rows)"},
-    {"distinct_masks", py_distinct_masks, METH_VARARGS, "a step's distinct grammar masks and each row's index among them"},
     {"gated", py_gated, METH_VARARGS, "act(g) * u, GELU (tanh) or SiLU (pointers)"},
     {"rotary", py_rotary, METH_VARARGS, "NeoX rotary embedding (pointers)"},
     {"store_kv", py_store_kv, METH_VARARGS, "write K/V rows into their cache slots"},

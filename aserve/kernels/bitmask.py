@@ -58,9 +58,8 @@ _NO_KEY = -1  # a row's combined key before any of its programs reported (every 
 
 
 @triton.jit
-def _masked_argmax_kernel(Logits, Rows, Bits, BitRows, Out, Keys, Count, FmTokens, FmRows, stride_l, stride_b, vocab,
-                          words_per_program, nsplit, PUBLISH: tl.constexpr, INDEXED: tl.constexpr,
-                          WORDS: tl.constexpr):  # fmt: skip
+def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows, stride_l, stride_b, vocab,
+                          words_per_program, nsplit, PUBLISH: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
     r = tl.program_id(0)
     s = tl.program_id(1)
     row = tl.load(Rows + r).to(tl.int64)
@@ -69,10 +68,7 @@ def _masked_argmax_kernel(Logits, Rows, Bits, BitRows, Out, Keys, Count, FmToken
     end = tl.minimum(first + words_per_program, nwords)
     shifts = tl.arange(0, 32)
     lane = tl.arange(0, WORDS)
-    if INDEXED:  # row r's mask is row BitRows[r] of Bits (a step's distinct masks)
-        bits_row = Bits + tl.load(BitRows + r).to(tl.int64) * stride_b
-    else:
-        bits_row = Bits + r.to(tl.int64) * stride_b
+    bits_row = Bits + r.to(tl.int64) * stride_b
     logits_row = Logits + row * stride_l
     # Per position of the [WORDS, 32] tile: the largest logit seen there and the first token
     # holding it (tokens rise from one iteration to the next, so a strict > keeps the first).
@@ -145,14 +141,11 @@ def masked_argmax_(
     bits: torch.Tensor,
     publish: tuple[torch.Tensor, torch.Tensor] | None = None,
     scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
-    bit_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out[rows[i]] = argmax`` of ``logits[rows[i]]`` over the tokens ``bits[i]`` allows (the
     first of equal maxima, as ``torch.argmax``); other entries of ``out`` are left alone. With
     ``publish = (tokens, table_rows)`` each such token is also written to
-    ``tokens[table_rows[rows[i]]]`` (a FutureMap's mailboxes). With ``bit_rows`` ([R] int32)
-    row i's mask is ``bits[bit_rows[i]]`` instead (``bits`` holds a step's distinct masks,
-    :func:`aserve.sampling.masks.distinct_masks`).
+    ``tokens[table_rows[rows[i]]]`` (a FutureMap's mailboxes).
 
     The same tokens as :func:`apply_bitmask_` then ``argmax``, without writing the logits, in one
     kernel launch: each row's vocabulary is split over a few programs that read its mask and
@@ -174,9 +167,7 @@ def masked_argmax_(
     nsplit = triton.cdiv(nwords, per)
     keys, count = _SCRATCH.get(logits.device, r) if scratch is None else scratch
     fm_tokens, fm_rows = publish if publish is not None else (out, rows)
-    indexed = bit_rows is not None
-    assert bit_rows is None or (bit_rows.shape[0] >= r and bit_rows.dtype == torch.int32)
-    _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, bit_rows if indexed else rows, out, keys, count, fm_tokens,
-                                       fm_rows, logits.stride(0), bits.stride(0), vocab, per, nsplit,
-                                       PUBLISH=publish is not None, INDEXED=indexed, WORDS=_ARGMAX_WORDS)  # fmt: skip
+    _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, out, keys, count, fm_tokens, fm_rows, logits.stride(0),
+                                       bits.stride(0), vocab, per, nsplit, PUBLISH=publish is not None,
+                                       WORDS=_ARGMAX_WORDS)  # fmt: skip
     return out

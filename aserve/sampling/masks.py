@@ -381,33 +381,6 @@ def default_fill_threads() -> int:
     return min(8, cpus // 2) if cpus >= 8 else 1
 
 
-def distinct_masks(
-    masks: torch.Tensor, out: torch.Tensor, index: torch.Tensor, threads: int = 1, *, weak_hash: bool = False
-) -> int | None:
-    """A step's distinct masks: ``out[:n]`` the distinct rows of ``masks`` (in order of first
-    appearance) and ``index[r]`` which of them row r is, so that ``out[index] == masks``;
-    returns n. None where that does not hold: more than ``out``'s rows are distinct, or the C
-    extension is not built (or, never in practice, two rows hashed alike and differ: every
-    row is compared byte for byte with the one it is taken for).
-
-    masks: [R, words] int32 contiguous host tensor; out: [cap, words] int32 contiguous; index:
-    [R] int32 contiguous. Runs on the C kernels' pool of ``threads`` (the calling thread one
-    of them) without the GIL. ``weak_hash`` (tests) hashes every row alike."""
-    from aserve.kernels.gguf_linear import kernel
-
-    k = kernel()
-    rows = masks.shape[0]
-    assert masks.is_contiguous() and out.is_contiguous() and index.is_contiguous()
-    assert out.shape[1:] == masks.shape[1:] and index.shape == (rows,) and index.dtype == torch.int32
-    assert masks.dtype == out.dtype == torch.int32
-    if k is None:
-        return None
-    row_bytes = masks.shape[1] * 4
-    n = int(k.distinct_masks(masks.data_ptr(), rows, row_bytes, out.data_ptr(), out.shape[0], index.data_ptr(),
-                             max(1, threads), int(weak_hash)))  # fmt: skip
-    return n if n >= 0 else None
-
-
 def allowed_tokens(masks: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """[R, words] int32 bitmasks -> [R, vocab_size] bool (on the masks' device, no sync)."""
     shifts = torch.arange(32, dtype=torch.int32, device=masks.device)

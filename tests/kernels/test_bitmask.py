@@ -135,23 +135,3 @@ def test_masked_argmax_publishes_into_the_mailboxes(batch: int) -> None:
     want = torch.full_like(mailboxes, -3)
     want[table_rows[rows]] = expected[rows]
     assert torch.equal(mailboxes, want)
-
-
-def test_masked_argmax_reads_each_rows_mask_through_the_index() -> None:
-    """``bit_rows``: row i's mask is ``bits[bit_rows[i]]`` (a step's distinct masks); the tokens
-    are those of the same masks given one per row."""
-    from aserve.kernels.bitmask import masked_argmax_
-
-    vocab, batch = 3000, 9
-    g = torch.Generator().manual_seed(11)
-    logits = torch.randn(batch, vocab, generator=g).to(DEVICE)
-    distinct = torch.randint(-(2**31), 2**31 - 1, (3, mask_words(vocab)), generator=g, dtype=torch.int32)
-    distinct[1] = 0
-    distinct[1, 3] = 1 << 7  # allows token 103 alone
-    bit_rows = torch.tensor([2, 1, 0, 0, 1, 2, 2, 1, 0], dtype=torch.int32)
-    rows = torch.arange(batch, dtype=torch.int64, device=DEVICE)
-    per_row = distinct[bit_rows.long()].to(DEVICE)
-    out = torch.full((batch,), -7, dtype=torch.int64, device=DEVICE)
-    masked_argmax_(out, logits, rows, distinct.to(DEVICE), bit_rows=bit_rows.to(DEVICE))
-    assert torch.equal(out, _masked_reference(logits, rows, per_row))
-    assert out[1].item() == out[4].item() == 103
