@@ -186,12 +186,7 @@ def fill_masks(
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
     assert masks.shape == (len(states), words) and masks.is_contiguous()
     filler = states[0].filler
-    job = (MaskFiller("serial") if filler is None else filler).prepare(states, masks.data_ptr(), words * 4)
-    if job.pooled and beside is not None:
-        beside(job.compute)
-    else:
-        job.compute()
-    job.finish()
+    (MaskFiller("serial") if filler is None else filler).fill(states, masks.data_ptr(), words * 4, beside)
     return masks
 
 
@@ -206,10 +201,10 @@ class MaskFill:
     caller's runs Python) and :meth:`finish` (copies within the step and cache stores, on the
     calling thread again)."""
 
-    __slots__ = ("base", "copies", "filler", "pool", "pooled", "row_bytes", "rows", "states", "store")
+    __slots__ = ("base", "copies", "pool", "pooled", "row_bytes", "rows", "states", "store")
 
-    def __init__(self, filler: MaskFiller, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
-        self.filler, self.states, self.base, self.row_bytes = filler, states, base, row_bytes
+    def __init__(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
+        self.states, self.base, self.row_bytes = states, base, row_bytes
         self.rows: list[tuple[Any, int]] = []  # (matcher, row) whose masks are computed
         self.copies: list[tuple[int, int]] = []  # (row, row it copies) for rows in an earlier row's state
         self.store: dict[tuple[Any, ...], int] = {}  # cache key -> row whose mask the cache keeps
@@ -274,15 +269,19 @@ class MaskFiller:
     def spec(self) -> str:
         return "serial" if self.kind == "serial" else f"executor:{self.threads}"
 
-    def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> None:
+    def fill(self, states: Sequence[GrammarState], base: int, row_bytes: int, beside: FillRunner | None = None) -> None:
+        """The three parts of a fill in turn; ``beside`` runs the pooled compute, if any."""
         job = self.prepare(states, base, row_bytes)
-        job.compute()
+        if job.pooled and beside is not None:
+            beside(job.compute)
+        else:
+            job.compute()
         job.finish()
 
     def prepare(self, states: Sequence[GrammarState], base: int, row_bytes: int) -> MaskFill:
         """A fill's first part: rows that need no matcher (ended ones, cache hits, a state met
         earlier in the step) are settled or noted; the rest are left to :meth:`MaskFill.compute`."""
-        job = MaskFill(self, states, base, row_bytes)
+        job = MaskFill(states, base, row_bytes)
         first: dict[tuple[Any, ...], int] = {}  # cache key -> the step's row that computes it
         for i, st in enumerate(states):
             m = st.matcher
