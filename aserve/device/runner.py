@@ -24,6 +24,7 @@ from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
 from aserve.device.extend_graphs import ExtendGraphs
 from aserve.device.future_map import FutureMap
+from aserve.device.host_gates import HostGates
 from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
@@ -74,6 +75,8 @@ class ModelRunner:
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
+        self.gates = HostGates(device)  # queued split steps' samplers wait behind these
+        self.queued_steps = 0  # split steps whose sampler was queued with the forward
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
         # inputs and outputs.
         slots = max(3, pipeline_depth + 1)
@@ -102,6 +105,7 @@ class ModelRunner:
     def release(self, reuse_streams: bool = True) -> None:
         """The engine closed: drop the CUDA graphs and the staging buffers, and hand the streams
         to the next runner (``reuse_streams``: their work has finished; not after a stall)."""
+        self.gates.open_all()
         if self.decode_graphs is not None:
             self.decode_graphs.release()
         if self.extend_graphs is not None:
@@ -125,24 +129,31 @@ class ModelRunner:
         host.build_s = time.perf_counter() - t0
         return host
 
-    def launch(self, plan: Plan, host: StepInputs, plan_s: float = 0.0, defer_masks: bool = False) -> Step:
+    def launch(
+        self, plan: Plan, host: StepInputs, plan_s: float = 0.0, defer_masks: bool = False, queue_sampler: bool = False
+    ) -> Step:
         """Launch ``plan``'s step from its inputs (:meth:`prepare`). With ``defer_masks`` and rows
         a grammar constrains, only the forward is launched: their masks need the tokens of the
         steps still in flight, so the sampler waits for ``step.finish_launch()``, which the step
         loop calls once every earlier step is committed (the split launch, docs/architecture.md
         "Structured outputs"); its argument, a :data:`FillRunner`, may run the masks' GIL-free
-        part beside other work."""
+        part beside other work. With ``queue_sampler`` the sampler is queued now, behind a gate
+        (:class:`HostGates`), and ``finish_launch`` only fills the masks and opens it
+        (``step.sampler_queued``)."""
         t0 = time.perf_counter()
         if host.sampling is None:
             self.fast_graph_steps += 1
         defer = defer_masks and bool(host.grammar_states)
         self.split_steps += defer
+        queued = defer and queue_sampler
+        self.queued_steps += queued
         index = self._index
         self._index += 1
         if self.is_cuda:
-            step = self._launch_cuda(index, plan, host, defer)
+            step = self._launch_cuda(index, plan, host, defer, queued)
         else:
-            step = self._launch_cpu(index, plan, host, defer)
+            step = self._launch_cpu(index, plan, host, defer, queued)
+        step.sampler_queued = queued
         step.launch_time = t0
         step.grammar_rows = host.grammar_rows
         step.plan_s = plan_s
@@ -347,7 +358,7 @@ class ModelRunner:
         idx = dev.fields.sample_idx  # host-built indices: no data-dependent shapes, no sync
         self.future_map.publish(dev.rows[idx], tokens[idx], dev.gens[idx])
 
-    def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
+    def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool, queued: bool = False) -> Step:
         stream = self.cpu_stream
         assert stream is not None
         sbatch = None if host.sampling is None else host.sampling.batch(self.device, masks=not defer)
@@ -377,7 +388,15 @@ class ModelRunner:
         step = self._step(index, plan, begin, materialized, copied, [])
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: result["host"]
-        if defer:
+        if defer and queued:
+            grammar = host.grammar_states
+            masks = torch.empty((len(grammar), mask_words(grammar[0].vocab_size)), dtype=torch.int32)
+            masked_now = _with_masks(dev, masks)  # read by the sampler once the gate opens
+            open_gate = self.gates.shut(index, stream)
+            step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
+            sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked_now))
+            step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
+        elif defer:
             grammar = host.grammar_states
 
             def finish(beside: FillRunner | None = None) -> None:
@@ -390,7 +409,7 @@ class ModelRunner:
             sample_and_copy(lambda: self._device_work(dev))
         return step
 
-    def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
+    def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool, queued: bool = False) -> Step:
         # None: a greedy graph step. Deferred: the grammar rows are known, their masks are not.
         sbatch_host = None if host.sampling is None else host.sampling.batch("cpu", masks=not defer)
         uploads = {"packed_i64": host.packed}
@@ -431,7 +450,9 @@ class ModelRunner:
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
                 step.keepalive += [masked, out, *keep]
 
-            if self._takes_masked_graph(dev, grammar):
+            if queued:
+                self._queue_sampler(index, step, dev, grammar, forward_end, fwd, bufs)
+            elif self._takes_masked_graph(dev, grammar):
                 step.finish_launch = lambda beside=None: self._finish_masked_graph(
                     index, step, dev, grammar, forward_end, beside
                 )
@@ -477,6 +498,14 @@ class ModelRunner:
         buffers = graphs.masked
         assert buffers is not None, "a masked-argmax step without its graphs"
         fill_masks(grammar, buffers.host_bits[:b], beside)
+        self._masked_graph_sampler(index, step, size, b, forward_end)
+
+    def _masked_graph_sampler(self, index: int, step: Step, size: int, b: int, forward_end: DeviceEvent) -> None:
+        """A masked-argmax step's device work after its fill (the masks' copy, the replay, the
+        events); ``step.read_host`` set."""
+        graphs = self.decode_graphs
+        assert graphs is not None and graphs.masked is not None
+        buffers = graphs.masked
         # The masks' copy on the schedule stream: it runs beside whatever of the step's forward
         # the device has still to run, rather than after it.
         with on_stream(self.schedule_stream):
@@ -491,6 +520,38 @@ class ModelRunner:
         self.masked_graph_steps += 1
         host_tokens = buffers.host_tokens
         step.read_host = lambda: StepOutputs(token_ids=host_tokens[:b].tolist())
+
+    def _queue_sampler(
+        self,
+        index: int,
+        step: Step,
+        dev: DeviceInputs,
+        grammar: list[GrammarState],
+        forward_end: DeviceEvent | None,
+        fwd: Any,
+        bufs: dict[str, torch.Tensor],
+    ) -> None:
+        """A queued split step (CUDA): its sampler queued now behind a gate on the schedule
+        stream, where the masks' copy waits; ``finish_launch`` fills the masks and opens it.
+        The masks go where the sampler reads them: the masked-argmax graphs' pinned buffer, or
+        the step's own pinned staging buffer (eager sampler)."""
+        assert forward_end is not None
+        open_gate = self.gates.shut(index, self.schedule_stream)
+        if self._takes_masked_graph(dev, grammar):
+            graphs = self.decode_graphs
+            assert graphs is not None and graphs.masked is not None and dev.graph_in is not None
+            masks = graphs.masked.host_bits[: len(grammar)]
+            self._masked_graph_sampler(index, step, dev.graph_in.shape[1], len(grammar), forward_end)
+        else:
+            words = mask_words(grammar[0].vocab_size)
+            masks = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
+            with on_stream(self.schedule_stream):
+                masked = _with_masks(dev, masks.to(self.device, non_blocking=True))
+            self.forward_stream.wait_stream(self.schedule_stream)
+            step.split_gap = (forward_end, self._record(self.forward_stream, f"step{index}.sampler_begin"))
+            out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
+            step.keepalive += [masked, out, masks]
+        step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
 
     def _record(
         self, stream: Any, name: str, waiter: CudaEventWaiter | None = None, *, into: DeviceEvent | None = None
@@ -534,6 +595,17 @@ class ModelRunner:
             copied = self._record(self.copy_stream, f"step{index}.copied", self.cuda_waiter,
                                   into=None if step is None else step.copied)  # fmt: skip
         return out, materialized, copied
+
+
+def _fill_then(
+    open_gate: Callable[[], None], grammar: list[GrammarState], masks: torch.Tensor, beside: FillRunner | None
+) -> None:
+    """A queued split step's launch work: its masks into ``masks``, then its gate open (also
+    when the fill raised: the stream goes on, and the step loop fails the engine)."""
+    try:
+        fill_masks(grammar, masks, beside)
+    finally:
+        open_gate()
 
 
 def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:

@@ -74,6 +74,10 @@ class Step:
     # masks (their GIL-free part through the FillRunner given, if any), launches the sampler and
     # the copy out, resolving ``materialized`` and ``copied``; None once done.
     finish_launch: Callable[[FillRunner | None], None] | None = None
+    # Its sampler was queued with the forward, behind a gate (aserve/device/host_gates.py):
+    # ``finish_launch`` then only fills the masks and opens it, and later steps may be launched
+    # before that (StepLoop, ``ASERVE_QUEUED_SAMPLER``).
+    sampler_queued: bool = False
     # A split step's (forward ended, sampler began): the device idles between them while the
     # host commits the steps before and fills the masks; the recorder counts it as a gap.
     split_gap: tuple[DeviceEvent, DeviceEvent] | None = None

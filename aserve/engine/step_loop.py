@@ -106,6 +106,14 @@ class StepLoop:
         self.fill_beside = FillBeside() if os.environ.get("ASERVE_FILL_BESIDE", "1") != "0" else None
         self._deferred: Step | None = None
         self._sampled = Signal()
+        # Queue a split step's sampler with its forward, behind a gate its fill opens
+        # (``ASERVE_QUEUED_SAMPLER=1``, off by default until measured on a GPU): the planner then
+        # launches the next steps at once, and ``_fills`` holds the steps whose fill is to come,
+        # oldest first (``_deferred`` stays None).
+        self.queued_sampler = os.environ.get("ASERVE_QUEUED_SAMPLER", "0") == "1"
+        if self.queued_sampler and runner.is_cuda:
+            runner.gates.prepare(runner.schedule_stream)
+        self._fills: collections.deque[Step] = collections.deque()
         self.planned_ahead = 0  # steps planned while a split step's sampler waited (depth 3)
 
     @asynccontextmanager
@@ -136,6 +144,7 @@ class StepLoop:
                 self.fill_beside.close()
             self._ingest = None
             closed = EngineClosedError("the engine shut down before this step state was reached")
+            self.runner.gates.open_all()  # nothing may wait behind a gate once the loop is gone
             for step in self._uncommitted:
                 step.cancel_unreached(closed)
             self._uncommitted.clear()  # their keepalive holds device tensors
@@ -201,7 +210,11 @@ class StepLoop:
                     try:
                         # in flight: the device runs it (a split launch: its forward, for now)
                         step = self.runner.launch(
-                            plan, host, planned_t - plan_t0, self.split_masks and bool(self._uncommitted)
+                            plan,
+                            host,
+                            planned_t - plan_t0,
+                            self.split_masks and bool(self._uncommitted),
+                            self.queued_sampler,
                         )
                     finally:
                         self._launching_since = None
@@ -212,7 +225,9 @@ class StepLoop:
                 step.planned.set(planned_t)
                 step.in_flight.set(step.launch_time)
                 self._uncommitted.add(step)
-                if step.finish_launch is not None:
+                if step.sampler_queued:
+                    self._fills.append(step)
+                elif step.finish_launch is not None:
                     self._deferred = step
                 self._launched_at.append(time.monotonic())
                 if self.recorder.trace is not None:
@@ -287,12 +302,12 @@ class StepLoop:
                     )
                     return
                 t0 = time.perf_counter()
-                deferred = self._deferred
+                deferred = self._next_fill()
                 resumed: tuple[float, float] | None = None  # an early sampler's yield, for the trace
                 try:
                     if self.debug:
                         self._track_pages(step, None, -1)
-                    if self.early_sampler and deferred is not None and self._uncommitted == {step, deferred}:
+                    if self.early_sampler and deferred is not None and self._fill_due(deferred, step):
                         early = await self._commit_around_sampler(step, deferred, t0)
                         if early is None:
                             return
@@ -307,8 +322,8 @@ class StepLoop:
                 self._uncommitted.discard(step)
                 self._launched_at.popleft()
                 # Every step before a split one is committed: its masks can be filled now.
-                deferred = self._deferred
-                if deferred is not None and self._uncommitted == {deferred} and not self._finish_launch(deferred):
+                deferred = self._next_fill()
+                if deferred is not None and self._fill_due(deferred) and not self._finish_launch(deferred):
                     return
                 self.recorder.record(step, commit_s, t0, resumed)
                 self.slots.release()
@@ -371,9 +386,22 @@ class StepLoop:
             self._launching_since = None
         step.finish_launch = None
         step.launch_s += time.perf_counter() - t0
-        self._deferred = None
+        if self._fills and self._fills[0] is step:
+            self._fills.popleft()
+        else:
+            self._deferred = None
         self._sampled.set()
         return True
+
+    def _next_fill(self) -> Step | None:
+        """The split step whose masks are filled next: the one waiting to launch its sampler,
+        or the oldest queued one."""
+        return self._deferred if self._deferred is not None else self._fills[0] if self._fills else None
+
+    def _fill_due(self, step: Step, committing: Step | None = None) -> bool:
+        """Whether every step before ``step`` is committed, ``committing`` (being committed
+        now, its grammar rows advanced) apart: its masks can be filled."""
+        return all(s.index >= step.index for s in self._uncommitted if s is not committing)
 
     # -- what the coroutines share ---------------------------------------------------
 
@@ -427,6 +455,7 @@ class StepLoop:
         if self.broken is not None:
             return  # the first fault is the one to report
         log.error("engine_failed", reason=reason, stalled=self.stalled)
+        self.runner.gates.open_all()  # queued samplers run (uncommitted): no stream waits forever
         error = EngineFailedError(f"the engine failed and stopped: {reason}")
         error.__cause__ = cause
         self.broken = error

@@ -166,3 +166,37 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
     for r, o, t, e in zip(reference, replayed, in_turn, eager, strict=True):
         assert r.token_ids == o.token_ids == t.token_ids == e.token_ids
         assert r.finish_reason == o.finish_reason == t.finish_reason == e.finish_reason
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
+def test_a_queued_sampler_draws_the_tokens_of_the_split_launch(
+    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, temperature: float
+) -> None:
+    """ASERVE_QUEUED_SAMPLER=1: a split step's sampler queued with its forward behind a
+    spinning gate kernel on the schedule stream, opened by its fill (the masked-argmax
+    graph for the greedy rows, the eager sampler for the seeded sampled ones): the tokens of
+    serial mode without graphs, every gate opened, the KV back."""
+    from aserve.sampling import masks
+
+    monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 2)
+    monkeypatch.setattr(masks, "MASK_CACHE_PREFIX", 0)
+    monkeypatch.setenv("ASERVE_MASK_FILL", "executor:2")
+    jobs = []
+    for i in range(20):
+        so = StructuredOutputs(regex=PATTERN) if i % 2 else StructuredOutputs(choice=("alpha", "beta", "gamma delta"))
+        params = aserve.SamplingParams(max_tokens=40 + i, temperature=temperature, seed=i, structured_outputs=so)
+        jobs.append((f"item {i} is", params))
+
+    async def run(overlap: bool) -> tuple[list[Any], int, int]:
+        async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
+                                 overlap=overlap, overlap_depth=3 if overlap else None, debug=True,
+                                 cuda_graph=overlap) as engine:  # fmt: skip
+            outs = await _outputs(engine, jobs)
+            return outs, engine.runner.queued_steps, engine.runner.gates.shut_count
+
+    reference, _, _ = anyio.run(run, False)
+    monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "1")
+    queued, steps, shut = anyio.run(run, True)
+    assert steps > 0 and shut == 0
+    for r, q in zip(reference, queued, strict=True):
+        assert r.token_ids == q.token_ids and r.finish_reason == q.finish_reason
