@@ -31,7 +31,7 @@ from aserve.device.step import Step, StepOutputs
 from aserve.device.streams import give_back_runner_streams, on_stream, take_runner_streams
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
-from aserve.sampling.masks import FillRunner, GrammarState, fill_masks, mask_words
+from aserve.sampling.masks import FillRunner, GrammarState, fill_masks, mask_words, start_fill
 from aserve.sampling.sampler import (
     SampleOutput,
     apply_masks_,
@@ -396,6 +396,7 @@ class ModelRunner:
             step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
             sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked_now))
             step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
+            _queue_fill(step, open_gate, grammar, masks)
         elif defer:
             grammar = host.grammar_states
 
@@ -552,6 +553,7 @@ class ModelRunner:
             out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
             step.keepalive += [masked, out, masks]
         step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
+        _queue_fill(step, open_gate, grammar, masks)
 
     def _record(
         self, stream: Any, name: str, waiter: CudaEventWaiter | None = None, *, into: DeviceEvent | None = None
@@ -606,6 +608,33 @@ def _fill_then(
         fill_masks(grammar, masks, beside)
     finally:
         open_gate()
+
+
+def _queue_fill(step: Step, open_gate: Callable[[], None], grammar: list[GrammarState], masks: torch.Tensor) -> None:
+    """A queued split step's fill in two parts (``step.start_fill``): the first runs on the
+    caller's thread; the rest, which it returns with whether it is worth another thread (the
+    masks computed on llguidance's pool, without the GIL), fills the masks and opens the gate.
+    An error of the rest is kept in ``step.fill_error`` before the gate opens: what the sampler
+    drew behind it is then never committed (the step loop fails the engine)."""
+
+    def start() -> tuple[Callable[[], None], bool]:
+        try:
+            job = start_fill(grammar, masks)
+        except BaseException:
+            open_gate()
+            raise
+
+        def rest() -> None:
+            try:
+                job.run()
+            except BaseException as exc:
+                step.fill_error = exc
+            finally:
+                open_gate()
+
+        return rest, job.pooled
+
+    step.start_fill = start
 
 
 def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:

@@ -110,7 +110,13 @@ class StepLoop:
         # (``ASERVE_QUEUED_SAMPLER=1``, off by default until measured on a GPU): the planner then
         # launches the next steps at once, and ``_fills`` holds the steps whose fill is to come,
         # oldest first (``_deferred`` stays None).
-        self.queued_sampler = os.environ.get("ASERVE_QUEUED_SAMPLER", "0") == "1"
+        # ``ASERVE_QUEUED_SAMPLER=2``: queued, and the fill's pooled part, the rest of the fill and
+        # the gate's opening run on the helper thread while the loop finishes the commit before
+        # and plans and launches the next steps (``fills_aside`` counts those fills).
+        queued = os.environ.get("ASERVE_QUEUED_SAMPLER", "0")
+        self.queued_sampler = queued in ("1", "2")
+        self.fill_aside = queued == "2" and self.fill_beside is not None
+        self.fills_aside = 0
         if self.queued_sampler and runner.is_cuda:
             runner.gates.prepare(runner.schedule_stream)
         self._fills: collections.deque[Step] = collections.deque()
@@ -301,13 +307,28 @@ class StepLoop:
                         "(watchdog_timeout): the device is stalled"
                     )
                     return
+                if step.fill_error is not None:  # its fill failed on the helper: the tokens are not its
+                    self._fail_everything(
+                        f"filling step {step.index}'s masks raised {step.fill_error!r}", step.fill_error
+                    )
+                    return
                 t0 = time.perf_counter()
                 deferred = self._next_fill()
                 resumed: tuple[float, float] | None = None  # an early sampler's yield, for the trace
                 try:
                     if self.debug:
                         self._track_pages(step, None, -1)
-                    if self.early_sampler and deferred is not None and self._fill_due(deferred, step):
+                    if (
+                        self.fill_aside
+                        and deferred is not None
+                        and deferred.start_fill is not None
+                        and self._fill_due(deferred, step)
+                    ):
+                        early = self._commit_with_fill_aside(step, deferred, t0)
+                        if early is None:
+                            return
+                        commit_s, resumed = early
+                    elif self.early_sampler and deferred is not None and self._fill_due(deferred, step):
                         early = await self._commit_around_sampler(step, deferred, t0)
                         if early is None:
                             return
@@ -371,6 +392,51 @@ class StepLoop:
             raise rest_error[0]
         return first_end - t0 + rest[1], (first_end, rest[0])
 
+    def _commit_with_fill_aside(
+        self, step: Step, deferred: Step, t0: float
+    ) -> tuple[float, tuple[float, float]] | None:
+        """Commit ``step`` around the queued step ``deferred``'s fill, which goes to the helper
+        thread once the grammar rows have advanced (``ASERVE_QUEUED_SAMPLER=2``): the fill's
+        first part runs here, the rest there (the masks on llguidance's pool, then the gate
+        opened), while this thread finishes the commit and the loop goes on to plan and launch.
+        Returns as :meth:`_commit_around_sampler` does; a fault of the commit raises."""
+        advanced = self.committer.advance(step)
+        first_end = time.perf_counter()
+        if not self._start_fill_aside(deferred):
+            return None
+        t1 = time.perf_counter()
+        self.committer.finish_commit(step, advanced)
+        return first_end - t0 + time.perf_counter() - t1, (first_end, t1)
+
+    def _start_fill_aside(self, step: Step) -> bool:
+        """A queued step's fill: its first part here, the rest on the helper thread when the
+        masks go to llguidance's pool (else here too); False if its first part broke the engine.
+        An error of the rest lands in ``step.fill_error``, read before that step commits."""
+        assert step.start_fill is not None and self.fill_beside is not None
+        t0 = time.perf_counter()
+        try:
+            rest, pooled = step.start_fill()
+            if pooled:
+                self.fill_beside.start(rest)
+                self.fills_aside += 1
+            else:
+                rest()
+        except Exception as exc:
+            self._fail_everything(f"filling step {step.index}'s masks raised {exc!r}", exc)
+            return False
+        step.start_fill = step.finish_launch = None
+        step.launch_s += time.perf_counter() - t0
+        self._launched_fill(step)
+        return True
+
+    def _launched_fill(self, step: Step) -> None:
+        """``step``'s sampler is launched (or its fill, for a queued one, under way)."""
+        if self._fills and self._fills[0] is step:
+            self._fills.popleft()
+        else:
+            self._deferred = None
+        self._sampled.set()
+
     def _finish_launch(self, step: Step, beside: FillRunner | None = None) -> bool:
         """Launch a split step's sampler (its masks read the matchers just advanced; ``beside``
         runs their fill's GIL-free part); False if that broke the engine."""
@@ -384,13 +450,9 @@ class StepLoop:
             return False
         finally:
             self._launching_since = None
-        step.finish_launch = None
+        step.finish_launch = step.start_fill = None
         step.launch_s += time.perf_counter() - t0
-        if self._fills and self._fills[0] is step:
-            self._fills.popleft()
-        else:
-            self._deferred = None
-        self._sampled.set()
+        self._launched_fill(step)
         return True
 
     def _next_fill(self) -> Step | None:

@@ -20,7 +20,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -190,6 +190,17 @@ def fill_masks(
     return masks
 
 
+def start_fill(states: Sequence[GrammarState], out: torch.Tensor) -> MaskFill:
+    """:func:`fill_masks` into ``out`` in two parts: its first (cache look-ups, ended rows) runs
+    here; the returned job's :meth:`MaskFill.run` does the rest (the matchers' masks, then
+    copies and cache stores), on another thread if need be (``job.pooled``: the masks are
+    computed on llguidance's pool, without the GIL)."""
+    words = mask_words(states[0].vocab_size)
+    assert out.shape == (len(states), words) and out.is_contiguous()
+    filler = states[0].filler
+    return (MaskFiller("serial") if filler is None else filler).prepare(states, out.data_ptr(), words * 4)
+
+
 _MIN_POOL_ROWS = 16
 _MIN_POOL_ADVANCE = 128  # rows a commit's grammar advance needs for the pool (advance_all)
 
@@ -218,6 +229,11 @@ class MaskFill:
         else:
             for m, i in self.rows:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
+
+    def run(self) -> None:
+        """The fill's second and third parts: :meth:`compute`, then :meth:`finish`."""
+        self.compute()
+        self.finish()
 
     def finish(self) -> None:
         base, row_bytes = self.base, self.row_bytes
@@ -346,6 +362,22 @@ class FillBeside:
     def run(self, work: Callable[[], None], meanwhile: Callable[[], None]) -> None:
         """``work()`` on the helper thread and ``meanwhile()`` here; returns once both are done
         (an exception from either is raised, ``meanwhile``'s first)."""
+        done = self._started(work)
+        try:
+            meanwhile()
+        finally:
+            error = done.exception()  # waits for the fill, whatever ``meanwhile`` did
+        if error is not None:
+            raise error
+
+    def start(self, work: Callable[[], None]) -> None:
+        """``work()`` on the helper thread, not waited for: returns once it has started (so it
+        holds the GIL only until its native call). ``work`` must not raise (a queued step's fill
+        keeps its error on the step)."""
+        self._started(work)
+
+    def _started(self, work: Callable[[], None]) -> Future[None]:
+        """``work`` submitted to the helper thread, once it has begun there."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="aserve-fill")
         started = threading.Event()
@@ -357,12 +389,7 @@ class FillBeside:
         done = self._executor.submit(job)
         started.wait()
         self.runs += 1
-        try:
-            meanwhile()
-        finally:
-            error = done.exception()  # waits for the fill, whatever ``meanwhile`` did
-        if error is not None:
-            raise error
+        return done
 
     def close(self) -> None:
         if self._executor is not None:

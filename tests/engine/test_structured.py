@@ -312,8 +312,8 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("split", "depth", "queued"),
-    [("1", 2, "0"), ("0", 2, "0"), ("1", 3, "0"), ("1", 3, "1")],
-    ids=["split-launch", "lookahead-zero", "split-launch-depth3", "queued-sampler-depth3"],
+    [("1", 2, "0"), ("0", 2, "0"), ("1", 3, "0"), ("1", 3, "1"), ("1", 3, "2")],
+    ids=["split-launch", "lookahead-zero", "split-launch-depth3", "queued-sampler-depth3", "fill-aside-depth3"],
 )
 async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
     split: str, depth: int, queued: str, monkeypatch: pytest.MonkeyPatch
@@ -324,6 +324,8 @@ async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
     # requests decode every step and end sooner.)
     monkeypatch.setenv("ASERVE_SPLIT_MASKS", split)
     monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", queued)
+    if queued == "2":  # the fills on the helper: their masks on llguidance's pool
+        _pool_every_fill(monkeypatch)
     per_token = 18 * 2 * 256 * 4  # Gemma 3 270M, float32: layers x (k, v) x head_dim x bytes
     async with aserve.Engine(model="gemma-3-270m", num_threads=2, kv_cache_bytes=per_token * 160,
                              max_context=160, debug=True, overlap_depth=depth) as eng:  # fmt: skip
@@ -353,7 +355,8 @@ async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
             jsonschema.validate(json.loads(out.text), SCHEMAS[i % 10])
         assert eng.stats().num_retractions > 0  # the pool was too small: retraction happened
         assert (eng._loop.planned_ahead > 0) == (depth == 3 and queued == "0"), eng._loop.planned_ahead
-        assert (eng.runner.queued_steps > 0) == (queued == "1"), eng.runner.queued_steps
+        assert (eng.runner.queued_steps > 0) == (queued != "0"), eng.runner.queued_steps
+        assert (eng._loop.fills_aside > 0) == (queued == "2"), eng._loop.fills_aside
         with anyio.fail_after(30):
             while not eng.ledger().all_free:
                 await anyio.sleep(0.05)
@@ -444,3 +447,78 @@ async def test_a_queued_samplers_failed_fill_fails_the_engine_and_opens_every_ga
     assert isinstance(eng.failure, aserve.EngineFailedError) and "injected fill failure" in str(eng.failure)
     assert any(isinstance(o, aserve.EngineFailedError) for o in outcomes)
     assert eng.runner.gates.shut_count == 0
+
+
+def _pool_every_fill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine's masks filled on llguidance's pool of two from 2 rows (and with the C
+    tokenizer table, which the pool needs), so a few requests' fills go to the pool."""
+    pytest.importorskip("aserve.sampling._grammar_tokens")
+    from aserve.sampling import masks
+
+    monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 1)
+    monkeypatch.setenv("ASERVE_MASK_FILL", "executor:2")
+
+
+async def test_fills_aside_draw_the_tokens_of_serial_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ASERVE_QUEUED_SAMPLER=2: a queued step's fill runs on the helper thread (the masks on
+    llguidance's pool, then its gate opened) while the loop finishes the commit before it and
+    plans and launches the next steps. Greedy constrained outputs equal serial mode's (the
+    fills and the commits' advances interleave only as the step order allows), every gate
+    open, the ledger free."""
+    _pool_every_fill(monkeypatch)
+    jobs = [
+        (p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS * 2)
+    ]
+    runs = {}
+    for overlap in (False, True):
+        monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "2" if overlap else "0")
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap,
+                                 overlap_depth=3 if overlap else None, debug=True) as eng:  # fmt: skip
+            runs[overlap] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
+            assert await _settled(eng)
+            assert (eng._loop.fills_aside > 0) == overlap, eng._loop.fills_aside
+            assert eng.runner.gates.shut_count == 0
+    assert runs[False] == runs[True]
+
+
+async def test_a_failed_fill_aside_fails_the_engine_and_opens_every_gate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ASERVE_QUEUED_SAMPLER=2 and a fill raising on the helper thread: its gate opens anyway,
+    the step it filled is never committed (the engine fails every request with the typed
+    error), and the engine closes with no gate shut."""
+    from aserve.sampling import masks
+
+    _pool_every_fill(monkeypatch)
+    monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "2")
+    real, calls = masks.MaskFill.run, [0]
+
+    def failing(self: Any) -> None:
+        calls[0] += 1
+        if calls[0] == 3:
+            raise RuntimeError("injected fill failure")
+        real(self)
+
+    monkeypatch.setattr(masks.MaskFill, "run", failing)
+    jobs = [(p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=i)) for i, p in enumerate(PROMPTS * 2)]
+    with anyio.fail_after(120):  # a hang, not a speed bound
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap_depth=3) as eng:
+            outcomes = await _outcomes(eng, jobs)
+            assert eng._loop.fills_aside > 0
+    assert isinstance(eng.failure, aserve.EngineFailedError) and "injected fill failure" in str(eng.failure)
+    assert any(isinstance(o, aserve.EngineFailedError) for o in outcomes)
+    assert eng.runner.gates.shut_count == 0
+
+
+async def _outcomes(eng: aserve.Engine, jobs: list[tuple[str, aserve.SamplingParams]]) -> list[Any]:
+    """Each job's output, or the engine's failure, run at once."""
+    outcomes: list[Any] = [None] * len(jobs)
+
+    async def one(i: int) -> None:
+        try:
+            outcomes[i] = await eng.complete(*jobs[i])
+        except aserve.EngineFailedError as exc:
+            outcomes[i] = exc
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(jobs)):
+            tg.start_soon(one, i)
+    return outcomes

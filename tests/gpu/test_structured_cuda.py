@@ -168,14 +168,15 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
         assert r.finish_reason == o.finish_reason == t.finish_reason == e.finish_reason
 
 
+@pytest.mark.parametrize("queued", ["1", "2"], ids=["fill-on-loop", "fill-aside"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_a_queued_sampler_draws_the_tokens_of_the_split_launch(
-    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, temperature: float
+    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, temperature: float, queued: str
 ) -> None:
-    """ASERVE_QUEUED_SAMPLER=1: a split step's sampler queued with its forward behind a
-    spinning gate kernel on the schedule stream, opened by its fill (the masked-argmax
-    graph for the greedy rows, the eager sampler for the seeded sampled ones): the tokens of
-    serial mode without graphs, every gate opened, the KV back."""
+    """ASERVE_QUEUED_SAMPLER=1 (=2: its fill on the helper thread): a split step's sampler
+    queued with its forward behind a spinning gate kernel on the schedule stream, opened by
+    its fill (the masked-argmax graph for the greedy rows, the eager sampler for the seeded
+    sampled ones): the tokens of serial mode without graphs, every gate opened, the KV back."""
     from aserve.sampling import masks
 
     monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 2)
@@ -187,16 +188,17 @@ def test_a_queued_sampler_draws_the_tokens_of_the_split_launch(
         params = aserve.SamplingParams(max_tokens=40 + i, temperature=temperature, seed=i, structured_outputs=so)
         jobs.append((f"item {i} is", params))
 
-    async def run(overlap: bool) -> tuple[list[Any], int, int]:
+    async def run(overlap: bool) -> tuple[list[Any], int, int, int]:
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, overlap_depth=3 if overlap else None, debug=True,
                                  cuda_graph=overlap) as engine:  # fmt: skip
             outs = await _outputs(engine, jobs)
-            return outs, engine.runner.queued_steps, engine.runner.gates.shut_count
+            return outs, engine.runner.queued_steps, engine.runner.gates.shut_count, engine._loop.fills_aside
 
-    reference, _, _ = anyio.run(run, False)
-    monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "1")
-    queued, steps, shut = anyio.run(run, True)
+    reference, _, _, _ = anyio.run(run, False)
+    monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", queued)
+    outs, steps, shut, aside = anyio.run(run, True)
     assert steps > 0 and shut == 0
-    for r, q in zip(reference, queued, strict=True):
+    assert (aside > 0) == (queued == "2"), aside
+    for r, q in zip(reference, outs, strict=True):
         assert r.token_ids == q.token_ids and r.finish_reason == q.finish_reason
