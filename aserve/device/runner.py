@@ -438,6 +438,9 @@ class ModelRunner:
             # Placeholders, recorded by finish_launch(); a watcher may await them before that.
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
+            # The eager sampler's outputs; a masked-argmax graph's sampler sets its own (queued:
+            # now, below; else in finish_launch).
+            step.read_host = lambda: _bufs_to_outputs(bufs)
             grammar = host.grammar_states
 
             def finish(beside: FillRunner | None = None) -> None:
@@ -459,8 +462,9 @@ class ModelRunner:
                 )
             else:
                 step.finish_launch = finish
+        if fwd is None:
+            step.read_host = lambda: _bufs_to_outputs(bufs)
         step.prompt_spans = host.plp_spans
-        step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
 
     def _takes_masked_graph(self, dev: DeviceInputs, grammar: list[GrammarState]) -> bool:
