@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ class HostGates:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        self._open: dict[int, Callable[[], None]] = {}  # step index -> opens its gate
+        self._open: dict[Hashable, Callable[[], None]] = {}  # gate key -> opens it
         self._lock = threading.Lock()
         self._graph: Any = None  # the gate kernel, captured (CUDA)
         self._opened: torch.Tensor | None = None  # pinned: the last turn the host opened
@@ -37,9 +37,10 @@ class HostGates:
         self._opened_ptr = 0
         self._turns = 0  # gates queued so far
 
-    def shut(self, index: int, stream: Any) -> Callable[[], None]:
-        """Queue a gate for step ``index`` on ``stream`` (a CUDA stream or a :class:`CpuStream`):
-        work queued after it runs once the returned callable opens it (idempotent)."""
+    def shut(self, key: Hashable, stream: Any) -> Callable[[], None]:
+        """Queue a gate named ``key`` (a step's index, or its index and a chunk) on ``stream``
+        (a CUDA stream or a :class:`CpuStream`): work queued after it runs once the returned
+        callable opens it (idempotent)."""
         if isinstance(stream, CpuStream):
             event = threading.Event()
 
@@ -47,7 +48,7 @@ class HostGates:
                 event.wait()
 
             stream.submit(wait)
-            return self._track(index, event.set)
+            return self._track(key, event.set)
         turn = self._cuda_gate(stream)
 
         def open_() -> None:
@@ -56,17 +57,17 @@ class HostGates:
             word = ctypes.c_int32.from_address(self._opened_ptr)
             word.value = max(word.value, turn)
 
-        return self._track(index, open_)
+        return self._track(key, open_)
 
-    def _track(self, index: int, open_: Callable[[], None]) -> Callable[[], None]:
+    def _track(self, key: Hashable, open_: Callable[[], None]) -> Callable[[], None]:
         def once() -> None:
             with self._lock:
-                fn = self._open.pop(index, None)
+                fn = self._open.pop(key, None)
             if fn is not None:
                 fn()
 
         with self._lock:
-            self._open[index] = open_
+            self._open[key] = open_
         return once
 
     def open_all(self) -> None:

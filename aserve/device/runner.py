@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -76,6 +77,9 @@ class ModelRunner:
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
         self.gates = HostGates(device)  # queued split steps' samplers wait behind these
+        # A queued masked-argmax step's masks filled and sent in this many chunks of rows, each
+        # behind its own gate (``ASERVE_FILL_CHUNKS``; 1: all at once).
+        self.fill_chunks = max(1, int(os.environ.get("ASERVE_FILL_CHUNKS", "1")))
         self.queued_steps = 0  # split steps whose sampler was queued with the forward
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
         # inputs and outputs.
@@ -396,7 +400,7 @@ class ModelRunner:
             step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
             sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked_now))
             step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
-            _queue_fill(step, open_gate, grammar, masks)
+            _queue_fill(step, [open_gate], [0, len(grammar)], grammar, masks)
         elif defer:
             grammar = host.grammar_states
 
@@ -509,12 +513,19 @@ class ModelRunner:
         """A masked-argmax step's device work after its fill (the masks' copy, the replay, the
         events); ``step.read_host`` set."""
         graphs = self.decode_graphs
-        assert graphs is not None and graphs.masked is not None
-        buffers = graphs.masked
+        assert graphs is not None
         # The masks' copy on the schedule stream: it runs beside whatever of the step's forward
         # the device has still to run, rather than after it.
         with on_stream(self.schedule_stream):
             graphs.upload_masks(size)
+        self._masked_replay(index, step, size, b, forward_end)
+
+    def _masked_replay(self, index: int, step: Step, size: int, b: int, forward_end: DeviceEvent) -> None:
+        """After the masks' upload on the schedule stream: the masked-argmax replay on the
+        forward stream and the step's events; ``step.read_host`` set."""
+        graphs = self.decode_graphs
+        assert graphs is not None and graphs.masked is not None
+        buffers = graphs.masked
         stream = self.forward_stream
         stream.wait_stream(self.schedule_stream)
         with on_stream(stream):
@@ -541,23 +552,42 @@ class ModelRunner:
         The masks go where the sampler reads them: the masked-argmax graphs' pinned buffer, or
         the step's own pinned staging buffer (eager sampler)."""
         assert forward_end is not None
-        open_gate = self.gates.shut(index, self.schedule_stream)
+        b = len(grammar)
         if self._takes_masked_graph(dev, grammar):
             graphs = self.decode_graphs
             assert graphs is not None and graphs.masked is not None and dev.graph_in is not None
-            masks = graphs.masked.host_bits[: len(grammar)]
-            self._masked_graph_sampler(index, step, dev.graph_in.shape[1], len(grammar), forward_end)
-        else:
-            words = mask_words(grammar[0].vocab_size)
-            masks = self.staging.buffer(index, torch.int32, len(grammar) * words, "mask").view(-1, words)
-            with on_stream(self.schedule_stream):
-                masked = _with_masks(dev, masks.to(self.device, non_blocking=True))
-            self.forward_stream.wait_stream(self.schedule_stream)
-            step.split_gap = (forward_end, self._record(self.forward_stream, f"step{index}.sampler_begin"))
-            out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
-            step.keepalive += [masked, out, masks]
+            masks = graphs.masked.host_bits[:b]
+            size = dev.graph_in.shape[1]
+            # In chunks (ASERVE_FILL_CHUNKS): each chunk's rows go to the device behind their
+            # own gate, opened once they are filled, while the next chunk fills; the last chunk
+            # also takes the padded rows.
+            n = max(1, min(self.fill_chunks, b))
+            bounds = [b * k // n for k in range(n + 1)]
+            opens = []
+            for k in range(n):
+                opens.append(self.gates.shut((index, k), self.schedule_stream))
+                with on_stream(self.schedule_stream):
+                    graphs.upload_masks(size if k == n - 1 else bounds[k + 1], bounds[k])
+            self._masked_replay(index, step, size, b, forward_end)
+
+            def open_gate() -> None:
+                for fn in opens:
+                    fn()
+
+            step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
+            _queue_fill(step, opens, bounds, grammar, masks)
+            return
+        open_gate = self.gates.shut(index, self.schedule_stream)
+        words = mask_words(grammar[0].vocab_size)
+        masks = self.staging.buffer(index, torch.int32, b * words, "mask").view(-1, words)
+        with on_stream(self.schedule_stream):
+            masked = _with_masks(dev, masks.to(self.device, non_blocking=True))
+        self.forward_stream.wait_stream(self.schedule_stream)
+        step.split_gap = (forward_end, self._record(self.forward_stream, f"step{index}.sampler_begin"))
+        out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
+        step.keepalive += [masked, out, masks]
         step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
-        _queue_fill(step, open_gate, grammar, masks)
+        _queue_fill(step, [open_gate], [0, b], grammar, masks)
 
     def _record(
         self, stream: Any, name: str, waiter: CudaEventWaiter | None = None, *, into: DeviceEvent | None = None
@@ -614,27 +644,38 @@ def _fill_then(
         open_gate()
 
 
-def _queue_fill(step: Step, open_gate: Callable[[], None], grammar: list[GrammarState], masks: torch.Tensor) -> None:
+def _queue_fill(
+    step: Step,
+    opens: list[Callable[[], None]],
+    bounds: list[int],
+    grammar: list[GrammarState],
+    masks: torch.Tensor,
+) -> None:
     """A queued split step's fill in two parts (``step.start_fill``): the first runs on the
     caller's thread; the rest, which it returns with whether it is worth another thread (the
-    masks computed on llguidance's pool, without the GIL), fills the masks and opens the gate.
-    An error of the rest is kept in ``step.fill_error`` before the gate opens: what the sampler
-    drew behind it is then never committed (the step loop fails the engine)."""
+    masks computed on llguidance's pool, without the GIL), fills the masks chunk by chunk (rows
+    ``bounds[k]`` to ``bounds[k + 1]``) and opens chunk k's gate ``opens[k]`` after each. An
+    error of the rest is kept in ``step.fill_error`` before the gates open: what the sampler
+    drew behind them is then never committed (the step loop fails the engine)."""
+
+    def open_all() -> None:
+        for fn in opens:
+            fn()
 
     def start() -> tuple[Callable[[], None], bool]:
         try:
             job = start_fill(grammar, masks)
         except BaseException:
-            open_gate()
+            open_all()
             raise
 
         def rest() -> None:
             try:
-                job.run()
+                job.run_in(bounds, lambda k: opens[k]())
             except BaseException as exc:
                 step.fill_error = exc
             finally:
-                open_gate()
+                open_all()
 
         return rest, job.pooled
 

@@ -192,7 +192,7 @@ def fill_masks(
 
 def start_fill(states: Sequence[GrammarState], out: torch.Tensor) -> MaskFill:
     """:func:`fill_masks` into ``out`` in two parts: its first (cache look-ups, ended rows) runs
-    here; the returned job's :meth:`MaskFill.run` does the rest (the matchers' masks, then
+    here; the returned job's :meth:`MaskFill.run_in` does the rest (the matchers' masks, then
     copies and cache stores), on another thread if need be (``job.pooled``: the masks are
     computed on llguidance's pool, without the GIL)."""
     words = mask_words(states[0].vocab_size)
@@ -230,10 +230,27 @@ class MaskFill:
             for m, i in self.rows:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
 
-    def run(self) -> None:
-        """The fill's second and third parts: :meth:`compute`, then :meth:`finish`."""
-        self.compute()
-        self.finish()
+    def run_in(self, bounds: Sequence[int], done: Callable[[int], None]) -> None:
+        """The fill's second and third parts (:meth:`compute`, then :meth:`finish`) in chunks
+        of rows, ``bounds[k]`` to ``bounds[k + 1]`` (ascending, from 0),
+        ``done(k)`` once chunk k's masks are whole: a chunk's copies read rows of its own or
+        earlier chunks (a row copies the first row of the step in its state)."""
+        base, row_bytes, rows, pooled = self.base, self.row_bytes, self.rows, self.pooled
+        for k in range(len(bounds) - 1):
+            lo, hi = bounds[k], bounds[k + 1]
+            part = [mi for mi in rows if lo <= mi[1] < hi]  # keeps the pool's order (by template)
+            if pooled and part:
+                self.pool.unsafe_compute_mask_ptr(part, base, row_bytes, len(self.states))
+            elif part:
+                for m, i in part:
+                    m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
+            for i, j in self.copies:
+                if lo <= i < hi:
+                    ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
+            for key, i in self.store.items():
+                if lo <= i < hi:
+                    cast(MaskCache, self.states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
+            done(k)
 
     def finish(self) -> None:
         base, row_bytes = self.base, self.row_bytes

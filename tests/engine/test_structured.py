@@ -489,15 +489,15 @@ async def test_a_failed_fill_aside_fails_the_engine_and_opens_every_gate(monkeyp
 
     _pool_every_fill(monkeypatch)
     monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "2")
-    real, calls = masks.MaskFill.run, [0]
+    real, calls = masks.MaskFill.run_in, [0]
 
-    def failing(self: Any) -> None:
+    def failing(self: Any, *args: Any) -> None:
         calls[0] += 1
         if calls[0] == 3:
             raise RuntimeError("injected fill failure")
-        real(self)
+        real(self, *args)
 
-    monkeypatch.setattr(masks.MaskFill, "run", failing)
+    monkeypatch.setattr(masks.MaskFill, "run_in", failing)
     jobs = [(p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=i)) for i, p in enumerate(PROMPTS * 2)]
     with anyio.fail_after(120):  # a hang, not a speed bound
         async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap_depth=3) as eng:

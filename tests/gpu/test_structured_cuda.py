@@ -168,15 +168,18 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
         assert r.finish_reason == o.finish_reason == t.finish_reason == e.finish_reason
 
 
-@pytest.mark.parametrize("queued", ["1", "2"], ids=["fill-on-loop", "fill-aside"])
+@pytest.mark.parametrize(("queued", "chunks"), [("1", "1"), ("2", "1"), ("2", "3")],
+                         ids=["fill-on-loop", "fill-aside", "fill-aside-3-chunks"])  # fmt: skip
 @pytest.mark.parametrize("temperature", [0.0, 1.0], ids=["greedy", "sampled"])
 def test_a_queued_sampler_draws_the_tokens_of_the_split_launch(
-    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, temperature: float, queued: str
+    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, temperature: float, queued: str, chunks: str
 ) -> None:
-    """ASERVE_QUEUED_SAMPLER=1 (=2: its fill on the helper thread): a split step's sampler
-    queued with its forward behind a spinning gate kernel on the schedule stream, opened by
-    its fill (the masked-argmax graph for the greedy rows, the eager sampler for the seeded
-    sampled ones): the tokens of serial mode without graphs, every gate opened, the KV back."""
+    """ASERVE_QUEUED_SAMPLER=1 (=2: its fill on the helper thread; ASERVE_FILL_CHUNKS=3: a
+    masked-argmax step's masks filled and sent in three chunks, each behind its gate): a split
+    step's sampler queued with its forward behind a spinning gate kernel on the schedule
+    stream, opened by its fill (the masked-argmax graph for the greedy rows, the eager sampler
+    for the seeded sampled ones): the tokens of serial mode without graphs, every gate opened,
+    the KV back."""
     from aserve.sampling import masks
 
     monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 2)
@@ -197,6 +200,7 @@ def test_a_queued_sampler_draws_the_tokens_of_the_split_launch(
 
     reference, _, _, _ = anyio.run(run, False)
     monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", queued)
+    monkeypatch.setenv("ASERVE_FILL_CHUNKS", chunks)
     outs, steps, shut, aside = anyio.run(run, True)
     assert steps > 0 and shut == 0
     assert (aside > 0) == (queued == "2"), aside
