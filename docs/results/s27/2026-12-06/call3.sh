@@ -4,14 +4,14 @@
 # is the grammar work and then the masks' whole copy (~0.4 ms at 256 rows). Here a masked-argmax
 # step's masks are filled and sent in chunks (ASERVE_FILL_CHUNKS=N), each chunk's copy behind its
 # own gate while the next chunk fills. 1. the queued sampler's CUDA tests (chunks included);
-# 2. the structured bench taking turns: Q0, Q2 with 2, 4 and 8 chunks. Carry [".gpu", ".whl"].
-S=$(date +%s); BUDGET=${BUDGET:-420}
+# 2. the structured bench taking turns: Q0, Q2 with 4 and 2 chunks. Carry [".gpu", ".whl"].
+S=$(date +%s); BUDGET=${BUDGET:-260}
 python -m pip install -q --no-deps --no-index --break-system-packages .whl/*.whl 2>&1 | grep -v WARNING | tail -2
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"
 python setup.py build_ext --inplace > /tmp/b0.txt 2>&1 || cp /tmp/b0.txt $OUT/
 left() { echo $(( BUDGET - ($(date +%s) - S) )); }
-timeout 100 python -m pytest -q -m "" tests/gpu/test_structured_cuda.py -k "queued" > $OUT/gpu_tests.txt 2>&1
+timeout 60 python -m pytest -q -m "" tests/gpu/test_structured_cuda.py -k "queued" > $OUT/gpu_tests.txt 2>&1
 rc=$?; echo "queued tests rc=$rc"; grep -E "passed|failed|Error" $OUT/gpu_tests.txt | tail -5
 structured() {  # $1 label, $2 queued, $3 chunks
   local t=$1 L=$(left)
@@ -24,9 +24,7 @@ structured() {  # $1 label, $2 queued, $3 chunks
 structured Q0a 0 1
 structured Q2C4a 2 4
 structured Q2C2a 2 2
-structured Q2C8a 2 8
 structured Q0b 0 1
 structured Q2C4b 2 4
 structured Q2C2b 2 2
-structured Q2C8b 2 8
 date -u; echo "took $(( $(date +%s) - S )) s"
