@@ -419,7 +419,8 @@ def default_fill_threads() -> int:
     process may run on, at most 8 (the rest plan, commit, serve and feed the device; the pool's
     threads run only while a step's masks fill); 1 (serial) below 8 cores. On four H100 hosts
     of 16 cores (sessions 20 and 21, docs/benchmarks.md) 8 threads beat 4 in 9 of 12 paired
-    constrained decode runs at batch 64 and 256, the other three on one host."""
+    constrained decode runs at batch 64 and 256, the other three on one host; 16 threads lost
+    to 8 at both sizes on another (session 27: 0.74x / 0.69x against 0.90-0.92x / 0.74x)."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(8, cpus // 2) if cpus >= 8 else 1
 
