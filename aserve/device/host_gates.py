@@ -32,10 +32,11 @@ class HostGates:
         self._open: dict[Hashable, Callable[[], None]] = {}  # gate key -> opens it
         self._lock = threading.Lock()
         self._graph: Any = None  # the gate kernel, captured (CUDA)
-        self._opened: torch.Tensor | None = None  # pinned: the last turn the host opened
+        self._opened: torch.Tensor | None = None  # pinned int64: the last turn the host opened
         self._passed: torch.Tensor | None = None  # on the device: gates passed so far
         self._opened_ptr = 0
         self._turns = 0  # gates queued so far
+        self._high = 0  # the last turn opened (what the pinned word holds)
 
     def shut(self, key: Hashable, stream: Any) -> Callable[[], None]:
         """Queue a gate named ``key`` (a step's index, or its index and a chunk) on ``stream``
@@ -50,14 +51,16 @@ class HostGates:
             stream.submit(wait)
             return self._track(key, event.set)
         turn = self._cuda_gate(stream)
+        return self._track(key, lambda: self._open_turn(turn))
 
-        def open_() -> None:
-            # Gates pass in order: a later turn opens the earlier ones too (the step loop
-            # fills, and opens, in launch order).
-            word = ctypes.c_int32.from_address(self._opened_ptr)
-            word.value = max(word.value, turn)
-
-        return self._track(key, open_)
+    def _open_turn(self, turn: int) -> None:
+        """Let the gates up to ``turn`` pass (CUDA). Gates pass in order: a later turn opens the
+        earlier ones too (the step loop fills, and opens, in launch order). Under the lock, so
+        that the word never goes back (a helper's open against :meth:`open_all`'s)."""
+        with self._lock:
+            if turn > self._high:
+                self._high = turn
+                ctypes.c_int64.from_address(self._opened_ptr).value = turn
 
     def _track(self, key: Hashable, open_: Callable[[], None]) -> Callable[[], None]:
         def once() -> None:
@@ -76,6 +79,18 @@ class HostGates:
             fns, self._open = list(self._open.values()), {}
         for fn in fns:
             fn()
+
+    def release(self) -> None:
+        """The runner closed and its streams' work has finished: every gate open, the captured
+        kernel and its words dropped (a later gate captures them again)."""
+        self.open_all()
+        self._graph = self._opened = self._passed = None
+        self._opened_ptr = self._turns = self._high = 0
+
+    @property
+    def turns(self) -> int:
+        """Gates queued on CUDA so far."""
+        return self._turns
 
     @property
     def shut_count(self) -> int:
@@ -100,8 +115,9 @@ class HostGates:
     def _capture(self, stream: Any) -> None:
         from aserve.kernels.gate import gate_
 
-        opened = torch.zeros(1, dtype=torch.int32, pin_memory=True)
-        passed = torch.zeros(1, dtype=torch.int32, device=self.device)
+        # 64-bit turns: no wrap-around in the life of a server.
+        opened = torch.zeros(1, dtype=torch.int64, pin_memory=True)
+        passed = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._opened, self._passed, self._opened_ptr = opened, passed, opened.data_ptr()
         with torch.cuda.stream(stream):
             opened[0] = 1
@@ -114,4 +130,4 @@ class HostGates:
             with torch.cuda.graph(graph, stream=side, capture_error_mode="thread_local"):
                 gate_(opened, passed)
             stream.wait_stream(side)
-        self._graph, self._turns = graph, 1
+        self._graph, self._turns, self._high = graph, 1, 1

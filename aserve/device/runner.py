@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -78,8 +77,9 @@ class ModelRunner:
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
         self.gates = HostGates(device)  # queued split steps' samplers wait behind these
         # A queued masked-argmax step's masks filled and sent in this many chunks of rows, each
-        # behind its own gate (``ASERVE_FILL_CHUNKS``; 1: all at once).
-        self.fill_chunks = max(1, int(os.environ.get("ASERVE_FILL_CHUNKS", "1")))
+        # behind its own gate (the step loop sets it from ``ASERVE_FILL_CHUNKS`` when fills run
+        # on its helper; 1: all at once).
+        self.fill_chunks = 1
         self.queued_steps = 0  # split steps whose sampler was queued with the forward
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
         # inputs and outputs.
@@ -109,7 +109,10 @@ class ModelRunner:
     def release(self, reuse_streams: bool = True) -> None:
         """The engine closed: drop the CUDA graphs and the staging buffers, and hand the streams
         to the next runner (``reuse_streams``: their work has finished; not after a stall)."""
-        self.gates.open_all()
+        if reuse_streams:
+            self.gates.release()
+        else:  # after a stall a kernel may still spin on the gates' word: open, keep it
+            self.gates.open_all()
         if self.decode_graphs is not None:
             self.decode_graphs.release()
         if self.extend_graphs is not None:
@@ -399,7 +402,6 @@ class ModelRunner:
             open_gate = self.gates.shut(index, stream)
             step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
             sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked_now))
-            step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
             _queue_fill(step, [open_gate], [0, len(grammar)], grammar, masks)
         elif defer:
             grammar = host.grammar_states
@@ -569,12 +571,6 @@ class ModelRunner:
                 with on_stream(self.schedule_stream):
                     graphs.upload_masks(size if k == n - 1 else bounds[k + 1], bounds[k])
             self._masked_replay(index, step, size, b, forward_end)
-
-            def open_gate() -> None:
-                for fn in opens:
-                    fn()
-
-            step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
             _queue_fill(step, opens, bounds, grammar, masks)
             return
         open_gate = self.gates.shut(index, self.schedule_stream)
@@ -586,7 +582,6 @@ class ModelRunner:
         step.split_gap = (forward_end, self._record(self.forward_stream, f"step{index}.sampler_begin"))
         out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
         step.keepalive += [masked, out, masks]
-        step.finish_launch = lambda beside=None: _fill_then(open_gate, grammar, masks, beside)
         _queue_fill(step, [open_gate], [0, b], grammar, masks)
 
     def _record(
@@ -633,17 +628,6 @@ class ModelRunner:
         return out, materialized, copied
 
 
-def _fill_then(
-    open_gate: Callable[[], None], grammar: list[GrammarState], masks: torch.Tensor, beside: FillRunner | None
-) -> None:
-    """A queued split step's launch work: its masks into ``masks``, then its gate open (also
-    when the fill raised: the stream goes on, and the step loop fails the engine)."""
-    try:
-        fill_masks(grammar, masks, beside)
-    finally:
-        open_gate()
-
-
 def _queue_fill(
     step: Step,
     opens: list[Callable[[], None]],
@@ -651,16 +635,24 @@ def _queue_fill(
     grammar: list[GrammarState],
     masks: torch.Tensor,
 ) -> None:
-    """A queued split step's fill in two parts (``step.start_fill``): the first runs on the
-    caller's thread; the rest, which it returns with whether it is worth another thread (the
-    masks computed on llguidance's pool, without the GIL), fills the masks chunk by chunk (rows
-    ``bounds[k]`` to ``bounds[k + 1]``) and opens chunk k's gate ``opens[k]`` after each. An
-    error of the rest is kept in ``step.fill_error`` before the gates open: what the sampler
-    drew behind them is then never committed (the step loop fails the engine)."""
+    """A queued split step's fill, behind gates ``opens`` (one a chunk of rows, ``bounds[k]``
+    to ``bounds[k + 1]``), in either of two forms. ``step.finish_launch``: all of it on the
+    calling thread, then every gate opened (also when the fill raised: the stream goes on, and
+    the step loop fails the engine). ``step.start_fill``: its first part on the calling thread;
+    the rest, which it returns with whether it is worth another thread (the masks computed on
+    llguidance's pool, without the GIL), fills the masks chunk by chunk and opens each chunk's
+    gate after it. An error of the rest is kept in ``step.fill_error`` before the gates open:
+    what the sampler drew behind them is then never committed (the step loop fails the engine)."""
 
     def open_all() -> None:
         for fn in opens:
             fn()
+
+    def finish(beside: FillRunner | None = None) -> None:
+        try:
+            fill_masks(grammar, masks, beside)
+        finally:
+            open_all()
 
     def start() -> tuple[Callable[[], None], bool]:
         try:
@@ -679,6 +671,7 @@ def _queue_fill(
 
         return rest, job.pooled
 
+    step.finish_launch = finish
     step.start_fill = start
 
 

@@ -117,6 +117,8 @@ class StepLoop:
         self.queued_sampler = queued in ("1", "2")
         self.fill_aside = queued == "2" and self.fill_beside is not None
         self.fills_aside = 0
+        if self.fill_aside:  # chunks pay only where the fill runs while the copies go
+            runner.fill_chunks = max(1, int(os.environ.get("ASERVE_FILL_CHUNKS", "1")))
         if self.queued_sampler and runner.is_cuda:
             runner.gates.prepare(runner.schedule_stream)
         self._fills: collections.deque[Step] = collections.deque()

@@ -35,6 +35,6 @@ class _Pinned:
 
 
 def gate_(opened: torch.Tensor, passed: torch.Tensor) -> None:
-    """Queue a gate on the current stream: it passes once ``opened[0]`` (pinned host int32) is
-    at least the number of gates queued on ``passed`` (a device int32) so far, itself included."""
+    """Queue a gate on the current stream: it passes once ``opened[0]`` (pinned host int64) is
+    at least the number of gates queued on ``passed`` (a device int64) so far, itself included."""
     _gate[(1,)](_Pinned(opened), passed, num_warps=1)

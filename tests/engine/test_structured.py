@@ -477,7 +477,7 @@ async def test_fills_aside_draw_the_tokens_of_serial_mode(monkeypatch: pytest.Mo
             runs[overlap] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
             assert await _settled(eng)
             assert (eng._loop.fills_aside > 0) == overlap, eng._loop.fills_aside
-            assert eng.runner.gates.shut_count == 0
+            assert eng.runner.gates.shut_count == 0  # every fill opened its gate (before close's open_all)
     assert runs[False] == runs[True]
 
 
@@ -503,9 +503,9 @@ async def test_a_failed_fill_aside_fails_the_engine_and_opens_every_gate(monkeyp
         async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap_depth=3) as eng:
             outcomes = await _outcomes(eng, jobs)
             assert eng._loop.fills_aside > 0
+            assert eng.runner.gates.shut_count == 0  # before close's open_all
     assert isinstance(eng.failure, aserve.EngineFailedError) and "injected fill failure" in str(eng.failure)
     assert any(isinstance(o, aserve.EngineFailedError) for o in outcomes)
-    assert eng.runner.gates.shut_count == 0
 
 
 async def _outcomes(eng: aserve.Engine, jobs: list[tuple[str, aserve.SamplingParams]]) -> list[Any]:

@@ -191,18 +191,25 @@ def test_a_queued_sampler_draws_the_tokens_of_the_split_launch(
         params = aserve.SamplingParams(max_tokens=40 + i, temperature=temperature, seed=i, structured_outputs=so)
         jobs.append((f"item {i} is", params))
 
-    async def run(overlap: bool) -> tuple[list[Any], int, int, int]:
+    async def run(overlap: bool) -> tuple[list[Any], dict[str, int]]:
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, overlap_depth=3 if overlap else None, debug=True,
                                  cuda_graph=overlap) as engine:  # fmt: skip
             outs = await _outputs(engine, jobs)
-            return outs, engine.runner.queued_steps, engine.runner.gates.shut_count, engine._loop.fills_aside
+            runner = engine.runner
+            return outs, {"queued": runner.queued_steps, "shut": runner.gates.shut_count,
+                          "aside": engine._loop.fills_aside, "masked": runner.masked_graph_steps,
+                          "gates": runner.gates.turns}  # fmt: skip
 
-    reference, _, _, _ = anyio.run(run, False)
+    reference, _ = anyio.run(run, False)
     monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", queued)
     monkeypatch.setenv("ASERVE_FILL_CHUNKS", chunks)
-    outs, steps, shut, aside = anyio.run(run, True)
-    assert steps > 0 and shut == 0
-    assert (aside > 0) == (queued == "2"), aside
+    outs, n = anyio.run(run, True)
+    assert n["queued"] > 0 and n["shut"] == 0, n
+    assert (n["aside"] > 0) == (queued == "2"), n
+    if temperature == 0.0:  # the greedy rows' queued steps replay the masked-argmax graph
+        assert n["masked"] > 0, n
+        # A gate a queued step (and the warm-up's), more with chunks.
+        assert (n["gates"] > n["queued"] + 1) == (chunks != "1"), n
     for r, q in zip(reference, outs, strict=True):
         assert r.token_ids == q.token_ids and r.finish_reason == q.finish_reason

@@ -384,17 +384,21 @@ def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> 
 
 
 @pytest.mark.parametrize("spec", ["serial", "executor:2"])
-def test_a_fill_in_chunks_fills_what_one_fill_does(grammars: Grammars, spec: str) -> None:
+def test_a_fill_in_chunks_fills_what_one_fill_does(
+    grammars: Grammars, spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """``MaskFill.run_in``: rows filled chunk by chunk (a queued step's masks sent behind one
-    gate a chunk) equal one fill's, and when chunk k is reported done every row up to its end
-    is already whole, rows that copy an earlier chunk's mask (same state, mask cache on)
-    included."""
+    gate a chunk; on llguidance's pool a chunk a call, or one by one) equal one fill's, and
+    when chunk k is reported done every row up to its end is already whole, rows that copy an
+    earlier chunk's mask (same state, mask cache on) included; the cache keeps that mask."""
     import torch
 
+    from aserve.sampling import masks as masks_mod
     from aserve.sampling.masks import MaskCache, MaskFiller, start_fill
 
     if spec != "serial":
         pytest.importorskip("aserve.sampling._grammar_tokens")
+        monkeypatch.setattr(masks_mod, "_MIN_POOL_ROWS", 1)  # this step's few rows go to the pool
     filler = MaskFiller(spec)
     grammars.masks = MaskCache()
     schema = StructuredOutputs(json={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
@@ -412,6 +416,7 @@ def test_a_fill_in_chunks_fills_what_one_fill_does(grammars: Grammars, spec: str
     got = torch.zeros_like(want)
     job = start_fill(states, got)
     assert job.copies, "no row copied an earlier row's mask"
+    assert job.pooled == (spec != "serial")
     bounds, seen = [0, 2, 4, 6], []
 
     def done(k: int) -> None:
@@ -420,6 +425,9 @@ def test_a_fill_in_chunks_fills_what_one_fill_does(grammars: Grammars, spec: str
 
     job.run_in(bounds, done)
     assert seen == [0, 1, 2] and torch.equal(got, want)
+    # The state met three times was stored (met again within the step), with its mask.
+    stored = grammars.masks.get((states[0].key, *states[0].prefix))
+    assert stored is not None and stored == want[0].numpy().tobytes()
 
 
 def test_templates_across_grammars_stay_under_the_cap(grammars: Grammars, monkeypatch: pytest.MonkeyPatch) -> None:
