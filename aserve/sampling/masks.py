@@ -184,9 +184,7 @@ def fill_masks(
     (cache look-ups and stores, copies) runs here before and after it."""
     words = mask_words(states[0].vocab_size)
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
-    assert masks.shape == (len(states), words) and masks.is_contiguous()
-    filler = states[0].filler
-    (MaskFiller("serial") if filler is None else filler).fill(states, masks.data_ptr(), words * 4, beside)
+    _filler(states, masks).fill(states, masks.data_ptr(), words * 4, beside)
     return masks
 
 
@@ -195,10 +193,15 @@ def start_fill(states: Sequence[GrammarState], out: torch.Tensor) -> MaskFill:
     here; the returned job's :meth:`MaskFill.run_in` does the rest (the matchers' masks, then
     copies and cache stores), on another thread if need be (``job.pooled``: the masks are
     computed on llguidance's pool, without the GIL)."""
-    words = mask_words(states[0].vocab_size)
-    assert out.shape == (len(states), words) and out.is_contiguous()
+    return _filler(states, out).prepare(states, out.data_ptr(), mask_words(states[0].vocab_size) * 4)
+
+
+def _filler(states: Sequence[GrammarState], out: torch.Tensor) -> MaskFiller:
+    """The first state's filler (serial if it has none), ``out`` checked to be their masks'
+    contiguous [R, words] host tensor."""
+    assert out.shape == (len(states), mask_words(states[0].vocab_size)) and out.is_contiguous()
     filler = states[0].filler
-    return (MaskFiller("serial") if filler is None else filler).prepare(states, out.data_ptr(), words * 4)
+    return MaskFiller("serial") if filler is None else filler
 
 
 _MIN_POOL_ROWS = 16
@@ -222,42 +225,37 @@ class MaskFill:
         self.pooled = False
         self.pool: Any = None
 
-    def compute(self) -> None:
+    def compute(self, rows: list[tuple[Any, int]] | None = None) -> None:
+        """The masks of ``rows`` (default: every row a matcher computes), on the pool if pooled."""
         base, row_bytes = self.base, self.row_bytes
-        if self.pooled:
-            self.pool.unsafe_compute_mask_ptr(self.rows, base, row_bytes, len(self.states))
+        rows = self.rows if rows is None else rows
+        if self.pooled and rows:
+            self.pool.unsafe_compute_mask_ptr(rows, base, row_bytes, len(self.states))
         else:
-            for m, i in self.rows:
+            for m, i in rows:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
 
     def run_in(self, bounds: Sequence[int], done: Callable[[int], None]) -> None:
         """The fill's second and third parts (:meth:`compute`, then :meth:`finish`) in chunks
-        of rows, ``bounds[k]`` to ``bounds[k + 1]`` (ascending, from 0),
-        ``done(k)`` once chunk k's masks are whole: a chunk's copies read rows of its own or
-        earlier chunks (a row copies the first row of the step in its state)."""
-        base, row_bytes, rows, pooled = self.base, self.row_bytes, self.rows, self.pooled
+        of rows, ``bounds[k]`` to ``bounds[k + 1]`` (ascending, from 0), ``done(k)`` once chunk
+        k's masks are whole: a chunk's copies read rows of its own or earlier chunks (a row
+        copies the first row of the step in its state)."""
         for k in range(len(bounds) - 1):
             lo, hi = bounds[k], bounds[k + 1]
-            part = [mi for mi in rows if lo <= mi[1] < hi]  # keeps the pool's order (by template)
-            if pooled and part:
-                self.pool.unsafe_compute_mask_ptr(part, base, row_bytes, len(self.states))
-            elif part:
-                for m, i in part:
-                    m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
-            for i, j in self.copies:
-                if lo <= i < hi:
-                    ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
-            for key, i in self.store.items():
-                if lo <= i < hi:
-                    cast(MaskCache, self.states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
+            self.compute([mi for mi in self.rows if lo <= mi[1] < hi])  # keeps the pool's order (by template)
+            self.finish(lo, hi)
             done(k)
 
-    def finish(self) -> None:
+    def finish(self, lo: int = 0, hi: int | None = None) -> None:
+        """Copies within the step and cache stores, of the rows from ``lo`` to ``hi`` (all)."""
         base, row_bytes = self.base, self.row_bytes
+        hi = len(self.states) if hi is None else hi
         for i, j in self.copies:
-            ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
+            if lo <= i < hi:
+                ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
         for key, i in self.store.items():
-            cast(MaskCache, self.states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
+            if lo <= i < hi:
+                cast(MaskCache, self.states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
 
 
 class MaskFiller:
