@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from aserve.errors import InvalidRequestError
 from aserve.logs import get_logger
+from aserve.sampling.fsm import FsmBuilds, FsmState
 from aserve.sampling.masks import GrammarState, MaskCache, MaskFiller
 from aserve.sampling_params import StructuredOutputs
 
@@ -75,11 +76,14 @@ class Grammars:
         vocab_size: int,
         native_tokens: bool | None = None,
         filler: MaskFiller | None = None,
+        fsm: bool | None = None,
     ) -> None:
         """``native_tokens``: give llguidance the C tokenizer table when the extension is built
         (None: unless ``ASERVE_GRAMMAR_TOKENS=python``; False: always the Python callback).
         ``filler``: how the requests' masks are filled (a :class:`MaskFiller` of its own, from
-        ``ASERVE_MASK_FILL``, unless given; an engine passes :meth:`MaskFiller.for_device`)."""
+        ``ASERVE_MASK_FILL``, unless given; an engine passes :meth:`MaskFiller.for_device`).
+        ``fsm``: constrain choices and JSON schemas of :mod:`aserve.sampling.fsm`'s subset by a
+        token automaton once it is built (None: if ``ASERVE_GRAMMAR_FSM=1``)."""
         self.vocab_size = vocab_size
         self.filler = MaskFiller() if filler is None else filler
         if native_tokens is None:
@@ -92,6 +96,11 @@ class Grammars:
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[str, str], _Compiled] = OrderedDict()  # compiled grammars by key
         self.masks = MaskCache()  # this vocabulary's masks by grammar and committed prefix
+        if fsm is None:
+            fsm = os.environ.get("ASERVE_GRAMMAR_FSM", "0") == "1"
+        self.fsms: FsmBuilds | None = None
+        if fsm:
+            self.fsms = FsmBuilds(tokenizer, vocab_size)
 
     def _build(self) -> None:
         t0 = time.perf_counter()
@@ -195,6 +204,9 @@ class Grammars:
         call alive (llguidance holds only its address)."""
         filler = self.filler if filler is None else filler
         compiled = self._compiled(spec)
+        fsm = None if self.fsms is None else self.fsms.get(spec)
+        if fsm is not None:
+            return FsmState(fsm, self.vocab_size, filler)
         pooled = filler.kind == "executor" and self.token_table is not None
         shards = filler.threads * TEMPLATES_PER_THREAD if pooled else 1
         shard = compiled.turn % shards

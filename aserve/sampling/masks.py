@@ -43,7 +43,19 @@ class GrammarState:
     ``token_table`` is set when the matcher's tokenizer is the C table, whose masks may be
     computed on llguidance's threads (:class:`MaskFiller`)."""
 
-    __slots__ = ("cache", "done", "error", "filler", "key", "matcher", "prefix", "shard", "token_table", "vocab_size")
+    __slots__ = (
+        "cache",
+        "done",
+        "error",
+        "filler",
+        "fsm",
+        "key",
+        "matcher",
+        "prefix",
+        "shard",
+        "token_table",
+        "vocab_size",
+    )
 
     def __init__(
         self,
@@ -63,6 +75,7 @@ class GrammarState:
         self.token_table = token_table
         self.shard = shard  # the template the matcher was copied from (Grammars._matcher)
         self.filler = filler  # what fills its masks (fill_masks; serially if None)
+        self.fsm: Any = None  # a token automaton in the matcher's place (aserve.sampling.fsm.FsmState)
         self.prefix: list[int] | None = [] if cache is not None and key is not None else None
         # As of the last advance (the only calls that move a matcher), read by the commit and
         # the fill: two calls into llguidance a row fewer there.
@@ -95,6 +108,8 @@ def advance_all(states: Sequence[GrammarState], tokens: Sequence[int]) -> list[b
     state's filler, in one GIL-free call on its pool when it has one and there are
     :data:`_MIN_POOL_ADVANCE` rows or more (grouped by template, as a fill's), else one by one."""
     filler = states[0].filler if states else None
+    if any(st.fsm is not None for st in states):  # an automaton's advance is one lookup
+        return [st.advance(t) for st, t in zip(states, tokens, strict=True)]
     # A token costs ~1 us to consume: the pool's wake-up pays only at a large batch (mask_fill
     # bench on this project's VM: 64 rows 0.055 ms one by one, 0.090 on 2 threads; 256 rows
     # 0.31-0.33 against 0.23-0.32).
@@ -320,6 +335,9 @@ class MaskFiller:
             if st.done or st.error:  # as of its last advance (the only calls that move a matcher)
                 ctypes.memset(dst, 0xFF, row_bytes)
                 continue
+            if st.fsm is not None:  # its state's row of the automaton's masks
+                ctypes.memmove(dst, st.fsm.mask_ptr(st.state), row_bytes)  # type: ignore[attr-defined]
+                continue
             prefix, cache = st.prefix, st.cache
             if prefix is not None and cache is not None:
                 key = (st.key, *prefix)
@@ -336,7 +354,7 @@ class MaskFiller:
                 if cache.met_again(key):
                     job.store[key] = i
             job.rows.append((m, i))
-        job.pooled = self.pooled(states, len(job.rows))
+        job.pooled = self.pooled([states[i] for _, i in job.rows[:1]], len(job.rows))
         if job.pooled:
             # Rows grouped by template: the pool hands each thread a contiguous run of the
             # list, so a thread mostly takes its own template's lock (Grammars._matcher).

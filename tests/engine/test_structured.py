@@ -226,6 +226,42 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off(mon
     assert texts[None] == texts[2] == texts[3] == texts["late"] == texts["queued"]
 
 
+async def test_automaton_constrained_outputs_validate_and_match_with_overlap_on_and_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ASERVE_GRAMMAR_FSM=1``: specs in aserve.sampling.fsm's subset are constrained by a token
+    automaton once it is built; greedy and seeded outputs validate and serial mode draws the
+    same tokens."""
+    from aserve.sampling.fsm import FsmState
+
+    monkeypatch.setenv("ASERVE_GRAMMAR_FSM", "1")
+    specs = [StructuredOutputs(json=SCHEMAS[i]) for i in (1, 3, 5, 8)] + [
+        StructuredOutputs(choice=("yes", "no", "maybe"))
+    ]
+    jobs = [(p, _params(spec, seed=k, temperature=0.0 if k % 2 else 1.0)) for k, p in enumerate(PROMPTS)
+            for spec in specs]  # fmt: skip
+    outs = {}
+    for overlap in (False, True):
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap) as eng:
+            grammars = eng._admission.grammars
+            assert grammars is not None and grammars.fsms is not None
+            for spec in specs:
+                assert await anyio.to_thread.run_sync(grammars.fsms.wait, spec, 300) is not None
+                assert isinstance(grammars.state(spec), FsmState)
+            res = await _run_all(eng, jobs)
+            outs[overlap] = [(o.token_ids, o.finish_reason) for o in res]
+            for (_, params), out in zip(jobs, res, strict=True):
+                spec = params.structured_outputs
+                assert spec is not None
+                if spec.choice is not None:
+                    assert out.text in spec.choice, out.text
+                elif out.finish_reason == "stop":
+                    jsonschema.validate(json.loads(out.text), json.loads(str(spec.json)))
+            assert sum(o.finish_reason == "stop" for o in res) >= len(res) // 2
+            assert await _settled(eng)
+    assert outs[False] == outs[True]
+
+
 async def test_the_trace_shows_an_early_samplers_commit_in_two_parts(tmp_path: Any) -> None:
     """The commit before a split step yields once between its grammar advance and the rest:
     its trace has two commit spans, in order, and the step planned during the wait is

@@ -1,0 +1,177 @@
+"""Token automata for regular structured outputs (aserve/sampling/fsm.py), checked against
+independent references: integer ranges against arithmetic, walks through an automaton against
+``jsonschema`` and against llguidance (which must accept every token the automaton allows),
+on the default model's vocabulary."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from typing import Any
+
+import jsonschema
+import pytest
+import torch
+
+from aserve.bench.mask_fill import _tokenizer
+from aserve.sampling.fsm import FsmState, TokenFSM, build_fsm, int_range_regex, schema_regex, spec_regex
+from aserve.sampling.grammar import Grammars
+from aserve.sampling.masks import MaskFiller, advance_all, fill_masks
+from aserve.sampling_params import StructuredOutputs
+
+# In the subset (each has a regex); the test module's engine schemas 2, 4, 6 and 9 among them.
+SCHEMAS: list[dict[str, Any]] = [
+    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 999}, "minItems": 3, "maxItems": 5},
+    {"type": "object", "properties": {"sentiment": {"enum": ["positive", "negative", "neutral"]}},
+     "required": ["sentiment"], "additionalProperties": False},
+    {"type": "object", "properties": {"point": {"type": "object", "properties": {
+        "x": {"type": "integer", "minimum": -50, "maximum": 50}, "y": {"type": "integer", "minimum": -50, "maximum": 50}},
+        "required": ["x", "y"], "additionalProperties": False}}, "required": ["point"], "additionalProperties": False},
+    {"type": "object", "properties": {"ok": {"type": "boolean"}, "code": {"type": "integer", "minimum": 100, "maximum": 599},
+     "note": {"type": "string", "minLength": 1, "maxLength": 6}, "tags": {"type": "array", "items": {"enum": ["a", "b"]},
+     "maxItems": 2}, "none": {"type": "null"}}, "required": ["ok", "code", "note", "tags", "none"], "additionalProperties": False},
+    {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}, "confidence": {"enum": [1, 2, 3]}},
+     "required": ["answer", "confidence"], "additionalProperties": False},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("lo,hi", [(0, 0), (0, 9), (0, 999), (7, 12), (100, 599), (-50, 50), (-123, -7), (1900, 2030),
+                                   (1, 9999), (-5, 0), (38, 4021)])  # fmt: skip
+def test_an_integer_range_regex_matches_exactly_the_range(lo: int, hi: int) -> None:
+    rx = re.compile(int_range_regex(lo, hi))
+    for x in range(min(lo, 0) - 150, max(hi, 0) + 150):
+        assert bool(rx.fullmatch(str(x))) == (lo <= x <= hi), (lo, hi, x)
+    for text in ("-0", "00", "01", "007", "+1", ""):
+        assert not rx.fullmatch(text)
+
+
+def test_schemas_outside_the_subset_stay_with_llguidance() -> None:
+    assert schema_regex({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}) is None
+    assert (
+        schema_regex({"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": False})
+        is None
+    )
+    assert schema_regex({"type": "integer", "minimum": 0}) is None
+    assert schema_regex({"type": "number", "maximum": 3}) is None
+    assert schema_regex({"type": "string", "pattern": "a+"}) is None
+    assert schema_regex({"type": "string", "maxLength": 1000}) is None
+    assert schema_regex({"anyOf": [{"type": "integer"}, {"type": "null"}]}) is None
+    assert schema_regex({"$ref": "#/$defs/x"}) is None
+    assert spec_regex(StructuredOutputs(regex="a+")) is None  # llguidance's regex dialect is its own
+    assert spec_regex(StructuredOutputs(grammar='start: "a"')) is None
+
+
+@pytest.fixture(scope="module")
+def vocab() -> tuple[Any, Grammars]:
+    tok = _tokenizer(None)
+    return tok, Grammars(tok, tok.vocab_size, filler=MaskFiller("serial"), fsm=False)
+
+
+def _fsm(tok: Any, regex: str) -> TokenFSM:
+    special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
+    fsm = build_fsm(regex, tok.token_bytes(), special, list(tok.eos_token_ids), tok.vocab_size)
+    assert fsm is not None
+    return fsm
+
+
+def _allowed(state: FsmState) -> torch.Tensor:
+    masks = fill_masks([state])
+    bits = (masks.view(-1, 1) >> torch.arange(32)) & 1
+    return bits.flatten()[: state.vocab_size].nonzero().flatten()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", range(len(SCHEMAS)))
+def test_walks_through_a_schemas_automaton_validate_and_llguidance_accepts_every_token(
+    vocab: tuple[Any, Grammars], which: int
+) -> None:
+    tok, grammars = vocab
+    schema = SCHEMAS[which]
+    regex = schema_regex(schema)
+    assert regex is not None
+    fsm = _fsm(tok, regex)
+    spec = StructuredOutputs(json=schema)
+    token_bytes = tok.token_bytes()
+    eos = set(tok.eos_token_ids)
+    for walk in range(6):
+        rng = random.Random(walk)
+        state = FsmState(fsm, tok.vocab_size)
+        judge = grammars.state(spec, MaskFiller("serial"), cached=False)  # llguidance
+        text = b""
+        for _ in range(400):
+            if state.done:
+                break
+            ids = _allowed(state).tolist()
+            assert ids, "a state that allows nothing"
+            # Short outputs: take an end-of-sequence token where one is allowed, half the time.
+            ends = [t for t in ids if t in eos]
+            token = ends[0] if ends and rng.random() < 0.5 else rng.choice(ids)
+            assert judge.advance(token), (walk, text, token_bytes[token], judge.error)
+            assert state.advance(token) and not state.error
+            if token in eos:
+                break
+            text += token_bytes[token]
+        assert state.done and judge.done, (walk, text)
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_a_choices_automaton_and_its_state(vocab: tuple[Any, Grammars]) -> None:
+    tok, _ = vocab
+    spec = StructuredOutputs(choice=["red", "green", "a.b"])
+    regex = spec_regex(spec)
+    assert regex is not None and re.fullmatch(regex, "a.b") and not re.fullmatch(regex, "axb")
+    fsm = _fsm(tok, regex)
+    state = FsmState(fsm, tok.vocab_size)
+    token_bytes = tok.token_bytes()
+    first = {token_bytes[t] for t in _allowed(state).tolist()}
+    assert first and all(any(c.encode().startswith(b) for c in ("red", "green", "a.b")) for b in first)
+    bad = tok.encode("blue")[0]
+    assert not state.advance(bad) and "not allowed" in state.error
+    state = FsmState(fsm, tok.vocab_size)
+    eos = tok.eos_token_ids[0]
+    assert not state.advance(eos)  # not yet final
+    state = FsmState(fsm, tok.vocab_size)
+    for t in _greedy_ids(token_bytes, b"green"):
+        assert state.advance(t)
+    assert state.done  # nothing may follow a whole choice
+    # A done row's mask allows every token (its request has ended; a split launch may still
+    # sample one more token for it, which is never committed), as a stopped matcher's does.
+    assert len(_allowed(state)) == tok.vocab_size
+
+
+def _greedy_ids(token_bytes: list[bytes], text: bytes) -> list[int]:
+    ids = []
+    while text:
+        best = max(
+            (i for i, b in enumerate(token_bytes) if b and text.startswith(b)), key=lambda i: len(token_bytes[i])
+        )
+        ids.append(best)
+        text = text[len(token_bytes[best]) :]
+    return ids
+
+
+def test_grammars_hand_out_automaton_states_once_built_and_mixed_steps_advance(vocab: tuple[Any, Grammars]) -> None:
+    tok, _ = vocab
+    grammars = Grammars(tok, tok.vocab_size, filler=MaskFiller("serial"), fsm=True)
+    fsm_spec = StructuredOutputs(json=SCHEMAS[4])
+    other = StructuredOutputs(regex="[0-9]+")
+    first = grammars.state(fsm_spec)
+    assert not isinstance(first, FsmState)  # admitted while the automaton builds: llguidance to its end
+    assert grammars.fsms is not None and grammars.fsms.wait(fsm_spec, timeout=300) is not None
+    states = [grammars.state(fsm_spec), grammars.state(other), first]
+    assert isinstance(states[0], FsmState) and not isinstance(states[1], FsmState)
+    masks = fill_masks(states)
+    # The same state: llguidance allows only the forced "{"'s own token, the automaton every
+    # token the text may start with.
+    token_bytes = tok.token_bytes()
+    ours = {token_bytes[t] for t in _allowed(states[0]).tolist()}
+    assert b"{" in ours and all(b'{"answer": "'.startswith(b) for b in ours)
+    assert torch.equal(masks[2] & ~masks[0], torch.zeros_like(masks[2]))
+    open_brace = _greedy_ids(tok.token_bytes(), b"{")[0]
+    digit = _greedy_ids(tok.token_bytes(), b"7")[0]
+    assert advance_all(states, [open_brace, digit, open_brace]) == [True, True, True]
+    after = {token_bytes[t] for t in _allowed(states[0]).tolist()}
+    assert b'"' in after and all(b'"answer": "'.startswith(b) for b in after)
+    masks = fill_masks(states)
+    assert torch.equal(masks[2] & ~masks[0], torch.zeros_like(masks[2]))
