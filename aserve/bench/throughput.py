@@ -39,11 +39,8 @@ def run_throughput(
                 # vocabulary, ~1 s; the schema's compile, cached by key) are not decode throughput.
                 await engine.complete(prompts[0], aserve.SamplingParams(max_tokens=2, temperature=0,
                                                                          structured_outputs=structured))  # fmt: skip
-                # So is the token automaton's build, with ASERVE_GRAMMAR_FSM=1 (seconds; requests
-                # admitted before it is ready keep llguidance).
-                fsms = engine._admission.grammars.fsms if engine._admission.grammars is not None else None
-                if fsms is not None:
-                    await anyio.to_thread.run_sync(fsms.wait, structured, 600)
+                # So is the token automaton's build, with ASERVE_GRAMMAR_FSM=1.
+                await engine.prepare_structured_outputs(structured)
             engine.reset_stats()
             if profiler is not None:  # serving only: not start-up, compilation or capture
                 profiler.enable()

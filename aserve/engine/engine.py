@@ -47,7 +47,7 @@ from aserve.outputs import CompletionResult, Delta
 from aserve.progress import phase
 from aserve.sampling.grammar import Grammars
 from aserve.sampling.masks import MaskFiller
-from aserve.sampling_params import SamplingParams
+from aserve.sampling_params import SamplingParams, StructuredOutputs
 from aserve.scheduler.policy import Scheduler, SchedulerConfig
 from aserve.scheduler.req import Req
 from aserve.stats import EngineStats, StepRecord, TraceWriter
@@ -207,15 +207,21 @@ class Engine:
             raise
         self._recorder.stats.reset()
 
-    async def prepare_structured_outputs(self) -> None:
+    async def prepare_structured_outputs(self, *specs: StructuredOutputs) -> None:
         """Build the grammar engine's tokenizer on a worker thread now, not on this engine's
         loop at the first structured request (seconds on a loaded CPU, during which every
         stream stalls and the front ends of ``aserve serve --api-workers`` hear no heartbeat).
-        ``aserve serve`` calls it before it says it is ready."""
+        ``aserve serve`` calls it before it says it is ready.
+
+        With ``ASERVE_GRAMMAR_FSM=1``, also waits for ``specs``' token automata (seconds each
+        over a 262k vocabulary; requests admitted before one is ready keep llguidance)."""
         grammars = self._admission.grammars
         if grammars is not None:
             with phase("preparing structured outputs"):
                 await anyio.to_thread.run_sync(grammars.prepare)
+                fsms = grammars.fsms
+                for spec in specs if fsms is not None else ():
+                    await anyio.to_thread.run_sync(fsms.wait, spec)  # type: ignore[union-attr]
 
     async def aclose(self) -> None:
         """Stop the scheduler; unfinished requests end with ``finish_reason == "abort"``.

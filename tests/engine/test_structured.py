@@ -245,9 +245,8 @@ async def test_automaton_constrained_outputs_validate_and_match_with_overlap_on_
         async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap) as eng:
             grammars = eng._admission.grammars
             assert grammars is not None and grammars.fsms is not None
-            for spec in specs:
-                assert await anyio.to_thread.run_sync(grammars.fsms.wait, spec, 300) is not None
-                assert isinstance(grammars.state(spec), FsmState)
+            await eng.prepare_structured_outputs(*specs)
+            assert all(isinstance(grammars.state(spec), FsmState) for spec in specs)
             res = await _run_all(eng, jobs)
             outs[overlap] = [(o.token_ids, o.finish_reason) for o in res]
             for (_, params), out in zip(jobs, res, strict=True):
