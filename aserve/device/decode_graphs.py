@@ -212,15 +212,14 @@ class DecodeGraphs:
         captured = capture_graphs(self.device, stream, "capturing masked-argmax CUDA graphs", statics, body)
         self._masked = {s.size: graph for s, (graph, _) in zip(statics, captured, strict=True)}
 
-    def upload_masks(self, size: int, start: int = 0) -> None:
-        """On the current stream: rows ``start`` to ``size`` of ``masked.host_bits`` to the
-        device (``masked.device_bits``), where :meth:`masked_argmax` reads them. Kept out of that
-        graph so that the copy can run on another stream while the device still runs the step's
-        forward (32 KiB a row at a 262k vocabulary: 8 MiB at 256 rows), or in chunks, each as
-        soon as its rows are filled."""
+    def upload_masks(self, size: int) -> None:
+        """On the current stream: the first ``size`` rows of ``masked.host_bits`` to the device
+        (``masked.device_bits``), where :meth:`masked_argmax` reads them. Kept out of that graph
+        so that the copy can run on another stream while the device still runs the step's
+        forward (32 KiB a row at a 262k vocabulary: 8 MiB at 256 rows)."""
         m = self.masked
         assert m is not None
-        m.device_bits[start:size].copy_(m.host_bits[start:size], non_blocking=True)
+        m.device_bits[:size].copy_(m.host_bits[:size], non_blocking=True)
 
     def masked_argmax(self, size: int) -> None:
         """On the current stream, after the size-``size`` decode graph's replay and the masks'

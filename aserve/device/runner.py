@@ -24,14 +24,13 @@ from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
 from aserve.device.extend_graphs import ExtendGraphs
 from aserve.device.future_map import FutureMap
-from aserve.device.host_gates import HostGates
 from aserve.device.inputs import DeviceInputs, StepInputs, build_inputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import Step, StepOutputs
 from aserve.device.streams import give_back_runner_streams, on_stream, take_runner_streams
 from aserve.kv.pool import KVPool
 from aserve.models.causal_lm import CausalLM
-from aserve.sampling.masks import FillRunner, GrammarState, fill_masks, mask_words, start_fill
+from aserve.sampling.masks import FillRunner, GrammarState, fill_masks, mask_words
 from aserve.sampling.sampler import (
     SampleOutput,
     apply_masks_,
@@ -75,12 +74,6 @@ class ModelRunner:
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
-        self.gates = HostGates(device)  # queued split steps' samplers wait behind these
-        # A queued masked-argmax step's masks filled and sent in this many chunks of rows, each
-        # behind its own gate (the step loop sets it from ``ASERVE_FILL_CHUNKS`` when fills run
-        # on its helper; 1: all at once).
-        self.fill_chunks = 1
-        self.queued_steps = 0  # split steps whose sampler was queued with the forward
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
         # inputs and outputs.
         slots = max(3, pipeline_depth + 1)
@@ -109,10 +102,6 @@ class ModelRunner:
     def release(self, reuse_streams: bool = True) -> None:
         """The engine closed: drop the CUDA graphs and the staging buffers, and hand the streams
         to the next runner (``reuse_streams``: their work has finished; not after a stall)."""
-        if reuse_streams:
-            self.gates.release()
-        else:  # after a stall a kernel may still spin on the gates' word: open, keep it
-            self.gates.open_all()
         if self.decode_graphs is not None:
             self.decode_graphs.release()
         if self.extend_graphs is not None:
@@ -136,31 +125,24 @@ class ModelRunner:
         host.build_s = time.perf_counter() - t0
         return host
 
-    def launch(
-        self, plan: Plan, host: StepInputs, plan_s: float = 0.0, defer_masks: bool = False, queue_sampler: bool = False
-    ) -> Step:
+    def launch(self, plan: Plan, host: StepInputs, plan_s: float = 0.0, defer_masks: bool = False) -> Step:
         """Launch ``plan``'s step from its inputs (:meth:`prepare`). With ``defer_masks`` and rows
         a grammar constrains, only the forward is launched: their masks need the tokens of the
         steps still in flight, so the sampler waits for ``step.finish_launch()``, which the step
         loop calls once every earlier step is committed (the split launch, docs/architecture.md
         "Structured outputs"); its argument, a :data:`FillRunner`, may run the masks' GIL-free
-        part beside other work. With ``queue_sampler`` the sampler is queued now, behind a gate
-        (:class:`HostGates`), and ``finish_launch`` only fills the masks and opens it
-        (``step.sampler_queued``)."""
+        part beside other work."""
         t0 = time.perf_counter()
         if host.sampling is None:
             self.fast_graph_steps += 1
         defer = defer_masks and bool(host.grammar_states)
         self.split_steps += defer
-        queued = defer and queue_sampler
-        self.queued_steps += queued
         index = self._index
         self._index += 1
         if self.is_cuda:
-            step = self._launch_cuda(index, plan, host, defer, queued)
+            step = self._launch_cuda(index, plan, host, defer)
         else:
-            step = self._launch_cpu(index, plan, host, defer, queued)
-        step.sampler_queued = queued
+            step = self._launch_cpu(index, plan, host, defer)
         step.launch_time = t0
         step.grammar_rows = host.grammar_rows
         step.plan_s = plan_s
@@ -365,7 +347,7 @@ class ModelRunner:
         idx = dev.fields.sample_idx  # host-built indices: no data-dependent shapes, no sync
         self.future_map.publish(dev.rows[idx], tokens[idx], dev.gens[idx])
 
-    def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool, queued: bool = False) -> Step:
+    def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
         stream = self.cpu_stream
         assert stream is not None
         sbatch = None if host.sampling is None else host.sampling.batch(self.device, masks=not defer)
@@ -395,15 +377,7 @@ class ModelRunner:
         step = self._step(index, plan, begin, materialized, copied, [])
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: result["host"]
-        if defer and queued:
-            grammar = host.grammar_states
-            masks = torch.empty((len(grammar), mask_words(grammar[0].vocab_size)), dtype=torch.int32)
-            masked_now = _with_masks(dev, masks)  # read by the sampler once the gate opens
-            open_gate = self.gates.shut(index, stream)
-            step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
-            sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked_now))
-            _queue_fill(step, [open_gate], [0, len(grammar)], grammar, masks)
-        elif defer:
+        if defer:
             grammar = host.grammar_states
 
             def finish(beside: FillRunner | None = None) -> None:
@@ -416,7 +390,7 @@ class ModelRunner:
             sample_and_copy(lambda: self._device_work(dev))
         return step
 
-    def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool, queued: bool = False) -> Step:
+    def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
         # None: a greedy graph step. Deferred: the grammar rows are known, their masks are not.
         sbatch_host = None if host.sampling is None else host.sampling.batch("cpu", masks=not defer)
         uploads = {"packed_i64": host.packed}
@@ -444,9 +418,6 @@ class ModelRunner:
             # Placeholders, recorded by finish_launch(); a watcher may await them before that.
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
                               DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
-            # The eager sampler's outputs; a masked-argmax graph's sampler sets its own (queued:
-            # now, below; else in finish_launch).
-            step.read_host = lambda: _bufs_to_outputs(bufs)
             grammar = host.grammar_states
 
             def finish(beside: FillRunner | None = None) -> None:
@@ -460,17 +431,14 @@ class ModelRunner:
                 out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
                 step.keepalive += [masked, out, *keep]
 
-            if queued:
-                self._queue_sampler(index, step, dev, grammar, forward_end, fwd, bufs)
-            elif self._takes_masked_graph(dev, grammar):
+            if self._takes_masked_graph(dev, grammar):
                 step.finish_launch = lambda beside=None: self._finish_masked_graph(
                     index, step, dev, grammar, forward_end, beside
                 )
             else:
                 step.finish_launch = finish
-        if fwd is None:
-            step.read_host = lambda: _bufs_to_outputs(bufs)
         step.prompt_spans = host.plp_spans
+        step.read_host = lambda: _bufs_to_outputs(bufs)
         return step
 
     def _takes_masked_graph(self, dev: DeviceInputs, grammar: list[GrammarState]) -> bool:
@@ -509,25 +477,10 @@ class ModelRunner:
         buffers = graphs.masked
         assert buffers is not None, "a masked-argmax step without its graphs"
         fill_masks(grammar, buffers.host_bits[:b], beside)
-        self._masked_graph_sampler(index, step, size, b, forward_end)
-
-    def _masked_graph_sampler(self, index: int, step: Step, size: int, b: int, forward_end: DeviceEvent) -> None:
-        """A masked-argmax step's device work after its fill (the masks' copy, the replay, the
-        events); ``step.read_host`` set."""
-        graphs = self.decode_graphs
-        assert graphs is not None
         # The masks' copy on the schedule stream: it runs beside whatever of the step's forward
         # the device has still to run, rather than after it.
         with on_stream(self.schedule_stream):
             graphs.upload_masks(size)
-        self._masked_replay(index, step, size, b, forward_end)
-
-    def _masked_replay(self, index: int, step: Step, size: int, b: int, forward_end: DeviceEvent) -> None:
-        """After the masks' upload on the schedule stream: the masked-argmax replay on the
-        forward stream and the step's events; ``step.read_host`` set."""
-        graphs = self.decode_graphs
-        assert graphs is not None and graphs.masked is not None
-        buffers = graphs.masked
         stream = self.forward_stream
         stream.wait_stream(self.schedule_stream)
         with on_stream(stream):
@@ -538,51 +491,6 @@ class ModelRunner:
         self.masked_graph_steps += 1
         host_tokens = buffers.host_tokens
         step.read_host = lambda: StepOutputs(token_ids=host_tokens[:b].tolist())
-
-    def _queue_sampler(
-        self,
-        index: int,
-        step: Step,
-        dev: DeviceInputs,
-        grammar: list[GrammarState],
-        forward_end: DeviceEvent | None,
-        fwd: Any,
-        bufs: dict[str, torch.Tensor],
-    ) -> None:
-        """A queued split step (CUDA): its sampler queued now behind a gate on the schedule
-        stream, where the masks' copy waits; ``finish_launch`` fills the masks and opens it.
-        The masks go where the sampler reads them: the masked-argmax graphs' pinned buffer, or
-        the step's own pinned staging buffer (eager sampler)."""
-        assert forward_end is not None
-        b = len(grammar)
-        if self._takes_masked_graph(dev, grammar):
-            graphs = self.decode_graphs
-            assert graphs is not None and graphs.masked is not None and dev.graph_in is not None
-            masks = graphs.masked.host_bits[:b]
-            size = dev.graph_in.shape[1]
-            # In chunks (ASERVE_FILL_CHUNKS): each chunk's rows go to the device behind their
-            # own gate, opened once they are filled, while the next chunk fills; the last chunk
-            # also takes the padded rows.
-            n = max(1, min(self.fill_chunks, b))
-            bounds = [b * k // n for k in range(n + 1)]
-            opens = []
-            for k in range(n):
-                opens.append(self.gates.shut((index, k), self.schedule_stream))
-                with on_stream(self.schedule_stream):
-                    graphs.upload_masks(size if k == n - 1 else bounds[k + 1], bounds[k])
-            self._masked_replay(index, step, size, b, forward_end)
-            _queue_fill(step, opens, bounds, grammar, masks)
-            return
-        open_gate = self.gates.shut(index, self.schedule_stream)
-        words = mask_words(grammar[0].vocab_size)
-        masks = self.staging.buffer(index, torch.int32, b * words, "mask").view(-1, words)
-        with on_stream(self.schedule_stream):
-            masked = _with_masks(dev, masks.to(self.device, non_blocking=True))
-        self.forward_stream.wait_stream(self.schedule_stream)
-        step.split_gap = (forward_end, self._record(self.forward_stream, f"step{index}.sampler_begin"))
-        out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
-        step.keepalive += [masked, out, masks]
-        _queue_fill(step, [open_gate], [0, b], grammar, masks)
 
     def _record(
         self, stream: Any, name: str, waiter: CudaEventWaiter | None = None, *, into: DeviceEvent | None = None
@@ -626,53 +534,6 @@ class ModelRunner:
             copied = self._record(self.copy_stream, f"step{index}.copied", self.cuda_waiter,
                                   into=None if step is None else step.copied)  # fmt: skip
         return out, materialized, copied
-
-
-def _queue_fill(
-    step: Step,
-    opens: list[Callable[[], None]],
-    bounds: list[int],
-    grammar: list[GrammarState],
-    masks: torch.Tensor,
-) -> None:
-    """A queued split step's fill, behind gates ``opens`` (one a chunk of rows, ``bounds[k]``
-    to ``bounds[k + 1]``), in either of two forms. ``step.finish_launch``: all of it on the
-    calling thread, then every gate opened (also when the fill raised: the stream goes on, and
-    the step loop fails the engine). ``step.start_fill``: its first part on the calling thread;
-    the rest, which it returns with whether it is worth another thread (the masks computed on
-    llguidance's pool, without the GIL), fills the masks chunk by chunk and opens each chunk's
-    gate after it. An error of the rest is kept in ``step.fill_error`` before the gates open:
-    what the sampler drew behind them is then never committed (the step loop fails the engine)."""
-
-    def open_all() -> None:
-        for fn in opens:
-            fn()
-
-    def finish(beside: FillRunner | None = None) -> None:
-        try:
-            fill_masks(grammar, masks, beside)
-        finally:
-            open_all()
-
-    def start() -> tuple[Callable[[], None], bool]:
-        try:
-            job = start_fill(grammar, masks)
-        except BaseException:
-            open_all()
-            raise
-
-        def rest() -> None:
-            try:
-                job.run_in(bounds, lambda k: opens[k]())
-            except BaseException as exc:
-                step.fill_error = exc
-            finally:
-                open_all()
-
-        return rest, job.pooled
-
-    step.finish_launch = finish
-    step.start_fill = start
 
 
 def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:

@@ -74,15 +74,6 @@ class Step:
     # masks (their GIL-free part through the FillRunner given, if any), launches the sampler and
     # the copy out, resolving ``materialized`` and ``copied``; None once done.
     finish_launch: Callable[[FillRunner | None], None] | None = None
-    # Its sampler was queued with the forward, behind a gate (aserve/device/host_gates.py):
-    # ``finish_launch`` then only fills the masks and opens it, and later steps may be launched
-    # before that (StepLoop, ``ASERVE_QUEUED_SAMPLER``).
-    sampler_queued: bool = False
-    # A queued step's fill in two parts, for a fill off the loop's thread (runner._queue_fill):
-    # its first part runs in the call, which returns the rest (masks, then the gate opened) and
-    # whether that is worth another thread; an error of the rest is kept in ``fill_error``.
-    start_fill: Callable[[], tuple[Callable[[], None], bool]] | None = None
-    fill_error: BaseException | None = None
     # A split step's (forward ended, sampler began): the device idles between them while the
     # host commits the steps before and fills the masks; the recorder counts it as a gap.
     split_gap: tuple[DeviceEvent, DeviceEvent] | None = None

@@ -106,22 +106,6 @@ class StepLoop:
         self.fill_beside = FillBeside() if os.environ.get("ASERVE_FILL_BESIDE", "1") != "0" else None
         self._deferred: Step | None = None
         self._sampled = Signal()
-        # Queue a split step's sampler with its forward, behind a gate its fill opens
-        # (``ASERVE_QUEUED_SAMPLER=1``, off by default until measured on a GPU): the planner then
-        # launches the next steps at once, and ``_fills`` holds the steps whose fill is to come,
-        # oldest first (``_deferred`` stays None).
-        # ``ASERVE_QUEUED_SAMPLER=2``: queued, and the fill's pooled part, the rest of the fill and
-        # the gate's opening run on the helper thread while the loop finishes the commit before
-        # and plans and launches the next steps (``fills_aside`` counts those fills).
-        queued = os.environ.get("ASERVE_QUEUED_SAMPLER", "0")
-        self.queued_sampler = queued in ("1", "2")
-        self.fill_aside = queued == "2" and self.fill_beside is not None
-        self.fills_aside = 0
-        if self.fill_aside:  # chunks pay only where the fill runs while the copies go
-            runner.fill_chunks = max(1, int(os.environ.get("ASERVE_FILL_CHUNKS", "1")))
-        if self.queued_sampler and runner.is_cuda:
-            runner.gates.prepare(runner.schedule_stream)
-        self._fills: collections.deque[Step] = collections.deque()
         self.planned_ahead = 0  # steps planned while a split step's sampler waited (depth 3)
 
     @asynccontextmanager
@@ -152,7 +136,6 @@ class StepLoop:
                 self.fill_beside.close()
             self._ingest = None
             closed = EngineClosedError("the engine shut down before this step state was reached")
-            self.runner.gates.open_all()  # nothing may wait behind a gate once the loop is gone
             for step in self._uncommitted:
                 step.cancel_unreached(closed)
             self._uncommitted.clear()  # their keepalive holds device tensors
@@ -218,11 +201,7 @@ class StepLoop:
                     try:
                         # in flight: the device runs it (a split launch: its forward, for now)
                         step = self.runner.launch(
-                            plan,
-                            host,
-                            planned_t - plan_t0,
-                            self.split_masks and bool(self._uncommitted),
-                            self.queued_sampler,
+                            plan, host, planned_t - plan_t0, self.split_masks and bool(self._uncommitted)
                         )
                     finally:
                         self._launching_since = None
@@ -233,9 +212,7 @@ class StepLoop:
                 step.planned.set(planned_t)
                 step.in_flight.set(step.launch_time)
                 self._uncommitted.add(step)
-                if step.sampler_queued:
-                    self._fills.append(step)
-                elif step.finish_launch is not None:
+                if step.finish_launch is not None:
                     self._deferred = step
                 self._launched_at.append(time.monotonic())
                 if self.recorder.trace is not None:
@@ -309,28 +286,13 @@ class StepLoop:
                         "(watchdog_timeout): the device is stalled"
                     )
                     return
-                if step.fill_error is not None:  # its fill failed on the helper: the tokens are not its
-                    self._fail_everything(
-                        f"filling step {step.index}'s masks raised {step.fill_error!r}", step.fill_error
-                    )
-                    return
                 t0 = time.perf_counter()
-                deferred = self._next_fill()
+                deferred = self._deferred
                 resumed: tuple[float, float] | None = None  # an early sampler's yield, for the trace
                 try:
                     if self.debug:
                         self._track_pages(step, None, -1)
-                    if (
-                        self.fill_aside
-                        and deferred is not None
-                        and deferred.start_fill is not None
-                        and self._fill_due(deferred, step)
-                    ):
-                        early = self._commit_with_fill_aside(step, deferred, t0)
-                        if early is None:
-                            return
-                        commit_s, resumed = early
-                    elif self.early_sampler and deferred is not None and self._fill_due(deferred, step):
+                    if self.early_sampler and deferred is not None and self._uncommitted == {step, deferred}:
                         early = await self._commit_around_sampler(step, deferred, t0)
                         if early is None:
                             return
@@ -345,8 +307,8 @@ class StepLoop:
                 self._uncommitted.discard(step)
                 self._launched_at.popleft()
                 # Every step before a split one is committed: its masks can be filled now.
-                deferred = self._next_fill()
-                if deferred is not None and self._fill_due(deferred) and not self._finish_launch(deferred):
+                deferred = self._deferred
+                if deferred is not None and self._uncommitted == {deferred} and not self._finish_launch(deferred):
                     return
                 self.recorder.record(step, commit_s, t0, resumed)
                 self.slots.release()
@@ -394,51 +356,6 @@ class StepLoop:
             raise rest_error[0]
         return first_end - t0 + rest[1], (first_end, rest[0])
 
-    def _commit_with_fill_aside(
-        self, step: Step, deferred: Step, t0: float
-    ) -> tuple[float, tuple[float, float]] | None:
-        """Commit ``step`` around the queued step ``deferred``'s fill, which goes to the helper
-        thread once the grammar rows have advanced (``ASERVE_QUEUED_SAMPLER=2``): the fill's
-        first part runs here, the rest there (the masks on llguidance's pool, then the gate
-        opened), while this thread finishes the commit and the loop goes on to plan and launch.
-        Returns as :meth:`_commit_around_sampler` does; a fault of the commit raises."""
-        advanced = self.committer.advance(step)
-        first_end = time.perf_counter()
-        if not self._start_fill_aside(deferred):
-            return None
-        t1 = time.perf_counter()
-        self.committer.finish_commit(step, advanced)
-        return first_end - t0 + time.perf_counter() - t1, (first_end, t1)
-
-    def _start_fill_aside(self, step: Step) -> bool:
-        """A queued step's fill: its first part here, the rest on the helper thread when the
-        masks go to llguidance's pool (else here too); False if its first part broke the engine.
-        An error of the rest lands in ``step.fill_error``, read before that step commits."""
-        assert step.start_fill is not None and self.fill_beside is not None
-        t0 = time.perf_counter()
-        try:
-            rest, pooled = step.start_fill()
-            if pooled:
-                self.fill_beside.start(rest)
-                self.fills_aside += 1
-            else:
-                rest()
-        except Exception as exc:
-            self._fail_everything(f"filling step {step.index}'s masks raised {exc!r}", exc)
-            return False
-        step.start_fill = step.finish_launch = None
-        step.launch_s += time.perf_counter() - t0
-        self._launched_fill(step)
-        return True
-
-    def _launched_fill(self, step: Step) -> None:
-        """``step``'s sampler is launched (or its fill, for a queued one, under way)."""
-        if self._fills and self._fills[0] is step:
-            self._fills.popleft()
-        else:
-            self._deferred = None
-        self._sampled.set()
-
     def _finish_launch(self, step: Step, beside: FillRunner | None = None) -> bool:
         """Launch a split step's sampler (its masks read the matchers just advanced; ``beside``
         runs their fill's GIL-free part); False if that broke the engine."""
@@ -452,20 +369,11 @@ class StepLoop:
             return False
         finally:
             self._launching_since = None
-        step.finish_launch = step.start_fill = None
+        step.finish_launch = None
         step.launch_s += time.perf_counter() - t0
-        self._launched_fill(step)
+        self._deferred = None
+        self._sampled.set()
         return True
-
-    def _next_fill(self) -> Step | None:
-        """The split step whose masks are filled next: the one waiting to launch its sampler,
-        or the oldest queued one."""
-        return self._deferred if self._deferred is not None else self._fills[0] if self._fills else None
-
-    def _fill_due(self, step: Step, committing: Step | None = None) -> bool:
-        """Whether every step before ``step`` is committed, ``committing`` (being committed
-        now, its grammar rows advanced) apart: its masks can be filled."""
-        return all(s.index >= step.index for s in self._uncommitted if s is not committing)
 
     # -- what the coroutines share ---------------------------------------------------
 
@@ -519,7 +427,6 @@ class StepLoop:
         if self.broken is not None:
             return  # the first fault is the one to report
         log.error("engine_failed", reason=reason, stalled=self.stalled)
-        self.runner.gates.open_all()  # queued samplers run (uncommitted): no stream waits forever
         error = EngineFailedError(f"the engine failed and stopped: {reason}")
         error.__cause__ = cause
         self.broken = error

@@ -20,7 +20,7 @@ import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, cast
 
 import torch
@@ -199,24 +199,10 @@ def fill_masks(
     (cache look-ups and stores, copies) runs here before and after it."""
     words = mask_words(states[0].vocab_size)
     masks = torch.empty((len(states), words), dtype=torch.int32) if out is None else out
-    _filler(states, masks).fill(states, masks.data_ptr(), words * 4, beside)
-    return masks
-
-
-def start_fill(states: Sequence[GrammarState], out: torch.Tensor) -> MaskFill:
-    """:func:`fill_masks` into ``out`` in two parts: its first (cache look-ups, ended rows) runs
-    here; the returned job's :meth:`MaskFill.run_in` does the rest (the matchers' masks, then
-    copies and cache stores), on another thread if need be (``job.pooled``: the masks are
-    computed on llguidance's pool, without the GIL)."""
-    return _filler(states, out).prepare(states, out.data_ptr(), mask_words(states[0].vocab_size) * 4)
-
-
-def _filler(states: Sequence[GrammarState], out: torch.Tensor) -> MaskFiller:
-    """The first state's filler (serial if it has none), ``out`` checked to be their masks'
-    contiguous [R, words] host tensor."""
-    assert out.shape == (len(states), mask_words(states[0].vocab_size)) and out.is_contiguous()
+    assert masks.shape == (len(states), words) and masks.is_contiguous()
     filler = states[0].filler
-    return MaskFiller("serial") if filler is None else filler
+    (MaskFiller("serial") if filler is None else filler).fill(states, masks.data_ptr(), words * 4, beside)
+    return masks
 
 
 _MIN_POOL_ROWS = 16
@@ -240,37 +226,20 @@ class MaskFill:
         self.pooled = False
         self.pool: Any = None
 
-    def compute(self, rows: list[tuple[Any, int]] | None = None) -> None:
-        """The masks of ``rows`` (default: every row a matcher computes), on the pool if pooled."""
+    def compute(self) -> None:
         base, row_bytes = self.base, self.row_bytes
-        rows = self.rows if rows is None else rows
-        if self.pooled and rows:
-            self.pool.unsafe_compute_mask_ptr(rows, base, row_bytes, len(self.states))
+        if self.pooled:
+            self.pool.unsafe_compute_mask_ptr(self.rows, base, row_bytes, len(self.states))
         else:
-            for m, i in rows:
+            for m, i in self.rows:
                 m.unsafe_compute_mask_ptr(base + i * row_bytes, row_bytes)
 
-    def run_in(self, bounds: Sequence[int], done: Callable[[int], None]) -> None:
-        """The fill's second and third parts (:meth:`compute`, then :meth:`finish`) in chunks
-        of rows, ``bounds[k]`` to ``bounds[k + 1]`` (ascending, from 0), ``done(k)`` once chunk
-        k's masks are whole: a chunk's copies read rows of its own or earlier chunks (a row
-        copies the first row of the step in its state)."""
-        for k in range(len(bounds) - 1):
-            lo, hi = bounds[k], bounds[k + 1]
-            self.compute([mi for mi in self.rows if lo <= mi[1] < hi])  # keeps the pool's order (by template)
-            self.finish(lo, hi)
-            done(k)
-
-    def finish(self, lo: int = 0, hi: int | None = None) -> None:
-        """Copies within the step and cache stores, of the rows from ``lo`` to ``hi`` (all)."""
+    def finish(self) -> None:
         base, row_bytes = self.base, self.row_bytes
-        hi = len(self.states) if hi is None else hi
         for i, j in self.copies:
-            if lo <= i < hi:
-                ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
+            ctypes.memmove(base + i * row_bytes, base + j * row_bytes, row_bytes)
         for key, i in self.store.items():
-            if lo <= i < hi:
-                cast(MaskCache, self.states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
+            cast(MaskCache, self.states[i].cache).put(key, ctypes.string_at(base + i * row_bytes, row_bytes))
 
 
 class MaskFiller:
@@ -395,22 +364,6 @@ class FillBeside:
     def run(self, work: Callable[[], None], meanwhile: Callable[[], None]) -> None:
         """``work()`` on the helper thread and ``meanwhile()`` here; returns once both are done
         (an exception from either is raised, ``meanwhile``'s first)."""
-        done = self._started(work)
-        try:
-            meanwhile()
-        finally:
-            error = done.exception()  # waits for the fill, whatever ``meanwhile`` did
-        if error is not None:
-            raise error
-
-    def start(self, work: Callable[[], None]) -> None:
-        """``work()`` on the helper thread, not waited for: returns once it has started (so it
-        holds the GIL only until its native call). ``work`` must not raise (a queued step's fill
-        keeps its error on the step)."""
-        self._started(work)
-
-    def _started(self, work: Callable[[], None]) -> Future[None]:
-        """``work`` submitted to the helper thread, once it has begun there."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="aserve-fill")
         started = threading.Event()
@@ -422,7 +375,12 @@ class FillBeside:
         done = self._executor.submit(job)
         started.wait()
         self.runs += 1
-        return done
+        try:
+            meanwhile()
+        finally:
+            error = done.exception()  # waits for the fill, whatever ``meanwhile`` did
+        if error is not None:
+            raise error
 
     def close(self) -> None:
         if self._executor is not None:
@@ -435,8 +393,7 @@ def default_fill_threads() -> int:
     process may run on, at most 8 (the rest plan, commit, serve and feed the device; the pool's
     threads run only while a step's masks fill); 1 (serial) below 8 cores. On four H100 hosts
     of 16 cores (sessions 20 and 21, docs/benchmarks.md) 8 threads beat 4 in 9 of 12 paired
-    constrained decode runs at batch 64 and 256, the other three on one host; 16 threads lost
-    to 8 at both sizes on another (session 27: 0.74x / 0.69x against 0.90-0.92x / 0.74x)."""
+    constrained decode runs at batch 64 and 256, the other three on one host."""
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return min(8, cpus // 2) if cpus >= 8 else 1
 

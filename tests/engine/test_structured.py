@@ -173,15 +173,11 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off(mon
     # Depth 3 (CUDA's default): the step after a split one is planned while that one's
     # sampler waits for the commit before it (StepLoop.planned_ahead), and launched between
     # that commit's grammar advance and its rest (StepLoop.launched_behind); "late": the
-    # sampler and that launch wait for the whole commit (ASERVE_EARLY_SAMPLER=0); "queued":
-    # the sampler is queued with the forward behind a gate the fill opens, and the next steps
-    # are launched at once (ASERVE_QUEUED_SAMPLER=1).
-    for overlap, depth in ((False, None), (True, 2), (True, 3), (True, "late"), (True, "queued")):
+    # sampler and that launch wait for the whole commit (ASERVE_EARLY_SAMPLER=0).
+    for overlap, depth in ((False, None), (True, 2), (True, 3), (True, "late")):
         monkeypatch.setenv("ASERVE_EARLY_SAMPLER", "0" if depth == "late" else "1")
-        monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "1" if depth == "queued" else "0")
         async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap,
-                                 overlap_depth=depth if isinstance(depth, int) else 3 if overlap else None,
-                                 debug=True) as eng:  # fmt: skip
+                                 overlap_depth=3 if depth == "late" else depth, debug=True) as eng:  # fmt: skip
             states: list[list[str]] = []
             split: list[Any] = []
 
@@ -209,8 +205,6 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off(mon
             assert (loop.planned_ahead > 0) == (depth in (3, "late")), loop.planned_ahead
             assert (loop.early_samplers > 0) == (overlap and depth != "late"), loop.early_samplers
             assert (loop.launched_behind > 0) == (depth == 3), loop.launched_behind
-            assert (eng.runner.queued_steps > 0) == (depth == "queued"), eng.runner.queued_steps
-            assert eng.runner.gates.shut_count == 0
             assert states and all(len(s) == 4 for s in states)
             # A split step's device time leaves out its wait between forward and sampler, which
             # counts as idle (the events' host stamps on a CPU).
@@ -223,7 +217,7 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off(mon
                 rec = records[step.index]
                 assert waited >= 0 and rec.device_busy_s == pytest.approx(span - waited)
                 assert rec.device_gap_s is not None and rec.device_gap_s >= waited
-    assert texts[None] == texts[2] == texts[3] == texts["late"] == texts["queued"]
+    assert texts[None] == texts[2] == texts[3] == texts["late"]
 
 
 async def test_automaton_constrained_outputs_validate_and_match_with_overlap_on_and_off(
@@ -285,12 +279,11 @@ async def test_the_trace_shows_an_early_samplers_commit_in_two_parts(tmp_path: A
     assert between == behind
 
 
-async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial() -> None:
     """Depth 3 plans the step after a split one while that one's sampler waits for a commit;
     its inputs must be built in the same stretch as its plan (a penalised decode's pending
     output is decided there). Greedy rows with penalties beside constrained ones, against
-    the same requests run serially, and with the sampler queued behind a gate (the next steps
-    launched before the fill). float32 prefills: the steps of the runs hold
+    the same requests run serially. float32 prefills: the steps of the two runs hold
     different batches (a penalised decode waits out a step at depth 3), and the default
     bfloat16 prefill's rows depend on the batch."""
     penal = aserve.SamplingParams(max_tokens=24, temperature=0.0, frequency_penalty=1.5, presence_penalty=0.5,
@@ -298,15 +291,13 @@ async def test_penalised_requests_beside_split_steps_at_depth_3_match_serial(mon
     jobs = [(p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS)]
     jobs += [(f"{p} {i}", penal) for i, p in enumerate(PROMPTS * 2)]
     runs = {}
-    for overlap, depth in ((False, None), (True, 3), (True, "queued")):  # queued: ASERVE_QUEUED_SAMPLER=1
-        monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "1" if depth == "queued" else "0")
-        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap, overlap_depth=depth and 3,
+    for overlap, depth in ((False, None), (True, 3)):
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap, overlap_depth=depth,
                                  debug=True, gguf_prefill="float32") as eng:  # fmt: skip
             runs[depth] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
             assert await _settled(eng)
-            assert (eng._loop.planned_ahead > 0) == (depth == 3), eng._loop.planned_ahead
-            assert (eng.runner.queued_steps > 0) == (depth == "queued"), eng.runner.queued_steps
-    assert runs[None] == runs[3] == runs["queued"]
+            assert (eng._loop.planned_ahead > 0) == overlap, eng._loop.planned_ahead
+    assert runs[None] == runs[3]
 
 
 @pytest.mark.slow
@@ -346,21 +337,16 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("split", "depth", "queued"),
-    [("1", 2, "0"), ("0", 2, "0"), ("1", 3, "0"), ("1", 3, "1"), ("1", 3, "2")],
-    ids=["split-launch", "lookahead-zero", "split-launch-depth3", "queued-sampler-depth3", "fill-aside-depth3"],
+    ("split", "depth"), [("1", 2), ("0", 2), ("1", 3)], ids=["split-launch", "lookahead-zero", "split-launch-depth3"]
 )
 async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
-    split: str, depth: int, queued: str, monkeypatch: pytest.MonkeyPatch
+    split: str, depth: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A pool of 10 pages of 16 tokens for 12 requests of ~60-80 tokens each: when they grow
     # some are retracted (their KV given back, recomputed later) while their grammars wait
     # at a committed state. (13 pages retracted nothing once the split launch let constrained
     # requests decode every step and end sooner.)
     monkeypatch.setenv("ASERVE_SPLIT_MASKS", split)
-    monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", queued)
-    if queued == "2":  # the fills on the helper: their masks on llguidance's pool
-        _pool_every_fill(monkeypatch)
     per_token = 18 * 2 * 256 * 4  # Gemma 3 270M, float32: layers x (k, v) x head_dim x bytes
     async with aserve.Engine(model="gemma-3-270m", num_threads=2, kv_cache_bytes=per_token * 160,
                              max_context=160, debug=True, overlap_depth=depth) as eng:  # fmt: skip
@@ -389,9 +375,7 @@ async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
             assert out.finish_reason == "stop", (i, out.text)
             jsonschema.validate(json.loads(out.text), SCHEMAS[i % 10])
         assert eng.stats().num_retractions > 0  # the pool was too small: retraction happened
-        assert (eng._loop.planned_ahead > 0) == (depth == 3 and queued == "0"), eng._loop.planned_ahead
-        assert (eng.runner.queued_steps > 0) == (queued != "0"), eng.runner.queued_steps
-        assert (eng._loop.fills_aside > 0) == (queued == "2"), eng._loop.fills_aside
+        assert (eng._loop.planned_ahead > 0) == (depth == 3), eng._loop.planned_ahead
         with anyio.fail_after(30):
             while not eng.ledger().all_free:
                 await anyio.sleep(0.05)
@@ -449,111 +433,3 @@ async def test_the_grammar_tokenizer_is_built_off_the_loop_before_serving(tiny_l
                 assert grammars._ll_tokenizer is not None
             outs.append([o.text for o in await _run_all(eng, jobs)])
     assert outs[0] == outs[1] and re.fullmatch(pattern, outs[0][0])
-
-
-async def test_a_queued_samplers_failed_fill_fails_the_engine_and_opens_every_gate(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """ASERVE_QUEUED_SAMPLER=1 and the fill of a split step raising: its gate opens anyway (the
-    stream's worker does not wait forever), the engine fails every request with the typed
-    error, and it closes with no gate shut."""
-    from aserve.device import runner as runner_mod
-
-    monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "1")
-    real, calls = runner_mod.fill_masks, [0]
-
-    def failing(*args: Any, **kwargs: Any) -> Any:
-        calls[0] += 1
-        if calls[0] == 4:
-            raise RuntimeError("injected fill failure")
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(runner_mod, "fill_masks", failing)
-    jobs = [(p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=i)) for i, p in enumerate(PROMPTS)]
-    with anyio.fail_after(120):  # a hang, not a speed bound
-        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap_depth=3) as eng:
-            outcomes = []
-            for p, params in jobs:
-                try:
-                    outcomes.append(await eng.complete(p, params))
-                except aserve.EngineFailedError as exc:
-                    outcomes.append(exc)
-            assert eng.runner.queued_steps > 0
-    assert isinstance(eng.failure, aserve.EngineFailedError) and "injected fill failure" in str(eng.failure)
-    assert any(isinstance(o, aserve.EngineFailedError) for o in outcomes)
-    assert eng.runner.gates.shut_count == 0
-
-
-def _pool_every_fill(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine's masks filled on llguidance's pool of two from 2 rows (and with the C
-    tokenizer table, which the pool needs), so a few requests' fills go to the pool."""
-    pytest.importorskip("aserve.sampling._grammar_tokens")
-    from aserve.sampling import masks
-
-    monkeypatch.setattr(masks, "_MIN_POOL_ROWS", 1)
-    monkeypatch.setenv("ASERVE_MASK_FILL", "executor:2")
-
-
-async def test_fills_aside_draw_the_tokens_of_serial_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ASERVE_QUEUED_SAMPLER=2: a queued step's fill runs on the helper thread (the masks on
-    llguidance's pool, then its gate opened) while the loop finishes the commit before it and
-    plans and launches the next steps. Greedy constrained outputs equal serial mode's (the
-    fills and the commits' advances interleave only as the step order allows), every gate
-    open, the ledger free."""
-    _pool_every_fill(monkeypatch)
-    jobs = [
-        (p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=None, temperature=0.0)) for i, p in enumerate(PROMPTS * 2)
-    ]
-    runs = {}
-    for overlap in (False, True):
-        monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "2" if overlap else "0")
-        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap,
-                                 overlap_depth=3 if overlap else None, debug=True) as eng:  # fmt: skip
-            runs[overlap] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
-            assert await _settled(eng)
-            assert (eng._loop.fills_aside > 0) == overlap, eng._loop.fills_aside
-            assert eng.runner.gates.shut_count == 0  # every fill opened its gate (before close's open_all)
-    assert runs[False] == runs[True]
-
-
-async def test_a_failed_fill_aside_fails_the_engine_and_opens_every_gate(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ASERVE_QUEUED_SAMPLER=2 and a fill raising on the helper thread: its gate opens anyway,
-    the step it filled is never committed (the engine fails every request with the typed
-    error), and the engine closes with no gate shut."""
-    from aserve.sampling import masks
-
-    _pool_every_fill(monkeypatch)
-    monkeypatch.setenv("ASERVE_QUEUED_SAMPLER", "2")
-    real, calls = masks.MaskFill.run_in, [0]
-
-    def failing(self: Any, *args: Any) -> None:
-        calls[0] += 1
-        if calls[0] == 3:
-            raise RuntimeError("injected fill failure")
-        real(self, *args)
-
-    monkeypatch.setattr(masks.MaskFill, "run_in", failing)
-    jobs = [(p, _params(StructuredOutputs(json=SCHEMAS[i]), seed=i)) for i, p in enumerate(PROMPTS * 2)]
-    with anyio.fail_after(120):  # a hang, not a speed bound
-        async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap_depth=3) as eng:
-            outcomes = await _outcomes(eng, jobs)
-            assert eng._loop.fills_aside > 0
-            assert eng.runner.gates.shut_count == 0  # before close's open_all
-    assert isinstance(eng.failure, aserve.EngineFailedError) and "injected fill failure" in str(eng.failure)
-    assert any(isinstance(o, aserve.EngineFailedError) for o in outcomes)
-
-
-async def _outcomes(eng: aserve.Engine, jobs: list[tuple[str, aserve.SamplingParams]]) -> list[Any]:
-    """Each job's output, or the engine's failure, run at once."""
-    outcomes: list[Any] = [None] * len(jobs)
-
-    async def one(i: int) -> None:
-        try:
-            outcomes[i] = await eng.complete(*jobs[i])
-        except aserve.EngineFailedError as exc:
-            outcomes[i] = exc
-
-    async with anyio.create_task_group() as tg:
-        for i in range(len(jobs)):
-            tg.start_soon(one, i)
-    return outcomes

@@ -383,53 +383,6 @@ def test_cached_masks_are_the_masks_the_matcher_computes(grammars: Grammars) -> 
     assert cache.hits - hits0 >= 2 * MASK_CACHE_PREFIX, (cache.hits, hits0)
 
 
-@pytest.mark.parametrize("spec", ["serial", "executor:2"])
-def test_a_fill_in_chunks_fills_what_one_fill_does(
-    grammars: Grammars, spec: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``MaskFill.run_in``: rows filled chunk by chunk (a queued step's masks sent behind one
-    gate a chunk; on llguidance's pool a chunk a call, or one by one) equal one fill's, and
-    when chunk k is reported done every row up to its end is already whole, rows that copy an
-    earlier chunk's mask (same state, mask cache on) included; the cache keeps that mask."""
-    import torch
-
-    from aserve.sampling import masks as masks_mod
-    from aserve.sampling.masks import MaskCache, MaskFiller, start_fill
-
-    if spec != "serial":
-        pytest.importorskip("aserve.sampling._grammar_tokens")
-        monkeypatch.setattr(masks_mod, "_MIN_POOL_ROWS", 1)  # this step's few rows go to the pool
-    filler = MaskFiller(spec)
-    grammars.masks = MaskCache()
-    schema = StructuredOutputs(json={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
-    tok = grammars._tokenizer
-    texts = ['{"n": 1', '{"n": 1', '{"n": 1', '{"n": 2', "{", '{"n": 1']  # rows 1, 2, 5 copy row 0's mask
-    states = [grammars.state(schema, filler) for _ in texts]
-    for st, text in zip(states, texts, strict=True):
-        for t in tok.encode(text):
-            assert st.advance(t)
-    plain = [grammars.state(schema, MaskFiller("serial"), cached=False) for _ in texts]  # the same states
-    for st, text in zip(plain, texts, strict=True):
-        for t in tok.encode(text):
-            assert st.advance(t)
-    want = fill_masks(plain)
-    got = torch.zeros_like(want)
-    job = start_fill(states, got)
-    assert job.copies, "no row copied an earlier row's mask"
-    assert job.pooled == (spec != "serial")
-    bounds, seen = [0, 2, 4, 6], []
-
-    def done(k: int) -> None:
-        assert torch.equal(got[: bounds[k + 1]], want[: bounds[k + 1]]), k
-        seen.append(k)
-
-    job.run_in(bounds, done)
-    assert seen == [0, 1, 2] and torch.equal(got, want)
-    # The state met three times was stored (met again within the step), with its mask.
-    stored = grammars.masks.get((states[0].key, *states[0].prefix))
-    assert stored is not None and stored == want[0].numpy().tobytes()
-
-
 def test_templates_across_grammars_stay_under_the_cap(grammars: Grammars, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past ``_MAX_TEMPLATES`` the least recently used grammars are dropped for their templates
     (a later request recompiles); a grammar alone over it shares the templates it has; every
