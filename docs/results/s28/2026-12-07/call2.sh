@@ -1,0 +1,25 @@
+#!/bin/bash
+# Session 28, call 2 (issue 16): constrained decode with llguidance (today's default) against
+# the token automaton (ASERVE_GRAMMAR_FSM=1: the bench's schema is in its subset, so its rows'
+# masks are copies of the automaton's rows and its advance one lookup), taking turns.
+# Carry [".gpu", ".whl"].
+S=$(date +%s); BUDGET=${BUDGET:-340}
+python -m pip install -q --no-deps --no-index --break-system-packages .whl/*.whl 2>&1 | grep -v WARNING | tail -2
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"
+python setup.py build_ext --inplace > /tmp/b0.txt 2>&1 || cp /tmp/b0.txt $OUT/
+left() { echo $(( BUDGET - ($(date +%s) - S) )); }
+python docs/results/s28/2026-12-07/fsm_chain.py --tokenizer-dir .gpu --fill executor:8 --out $OUT/fsm_chain.json 2>&1 | grep -v "\[info"
+structured() {  # $1 label, $2 ASERVE_GRAMMAR_FSM
+  local t=$1 L=$(left)
+  [ $L -gt 60 ] || { echo "structured $t skipped: $L s left"; return; }
+  ASERVE_GRAMMAR_FSM=$2 timeout $L python -m aserve.bench.device_bench --tokenizer-dir .gpu \
+    --only structured --batches 64,256 --structured-repeats 2 --out $OUT/structured_$t.json > /tmp/structured_$t.log 2>&1
+  echo "structured $t rc=$? rejected=$(grep -c grammar_rejected /tmp/structured_$t.log) fsm=$(grep -c grammar_fsm_built /tmp/structured_$t.log)"
+  grep "^structured b=" /tmp/structured_$t.log; grep -E "Error" /tmp/structured_$t.log | tail -2
+}
+structured A1 1
+structured L1 0
+structured A2 1
+structured L2 0
+date -u; echo "took $(( $(date +%s) - S )) s"
