@@ -72,6 +72,8 @@ class ModelRunner:
         self.fast_graph_steps = 0  # steps whose host inputs took the greedy graph fast path
         self.split_steps = 0  # steps launched in two (constrained rows' masks filled later)
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
+        self.fsm_gathers = 0  # masked-argmax steps whose masks a token automaton gathered on the device
+        self._fsm_row_buf: torch.Tensor | None = None
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
         # Per-slot pinned buffers (more slots than the pipeline depth, see PinnedStaging) for
@@ -476,11 +478,22 @@ class ModelRunner:
         size, b = dev.graph_in.shape[1], len(grammar)
         buffers = graphs.masked
         assert buffers is not None, "a masked-argmax step without its graphs"
-        fill_masks(grammar, buffers.host_bits[:b], beside)
-        # The masks' copy on the schedule stream: it runs beside whatever of the step's forward
-        # the device has still to run, rather than after it.
-        with on_stream(self.schedule_stream):
-            graphs.upload_masks(size)
+        fsm = _one_automaton(grammar)
+        if fsm is not None:
+            # Rows of one token automaton (ASERVE_GRAMMAR_FSM): their states' rows of its masks,
+            # kept on the device, gathered there; only the row numbers cross (8 bytes a row).
+            rows = self._fsm_rows(size)
+            rows[:b] = torch.tensor([fsm.row_of(st) for st in grammar], dtype=torch.int64)  # type: ignore[arg-type]
+            with on_stream(self.schedule_stream):
+                picked = rows[:b].to(self.device, non_blocking=True)
+                torch.index_select(fsm.device_masks(self.device), 0, picked, out=buffers.device_bits[:b])
+            self.fsm_gathers += 1
+        else:
+            fill_masks(grammar, buffers.host_bits[:b], beside)
+            # The masks' copy on the schedule stream: it runs beside whatever of the step's
+            # forward the device has still to run, rather than after it.
+            with on_stream(self.schedule_stream):
+                graphs.upload_masks(size)
         stream = self.forward_stream
         stream.wait_stream(self.schedule_stream)
         with on_stream(stream):
@@ -491,6 +504,15 @@ class ModelRunner:
         self.masked_graph_steps += 1
         host_tokens = buffers.host_tokens
         step.read_host = lambda: StepOutputs(token_ids=host_tokens[:b].tolist())
+
+    def _fsm_rows(self, size: int) -> torch.Tensor:
+        """A pinned int64 buffer of at least ``size`` entries for a masked step's automaton rows.
+        One is enough: the next masked step fills it after this one's commit, when its copy has
+        long run (the copy precedes the replay whose tokens that commit read)."""
+        rows = self._fsm_row_buf
+        if rows is None or rows.numel() < size:
+            rows = self._fsm_row_buf = torch.empty(size, dtype=torch.int64, pin_memory=True)
+        return rows
 
     def _record(
         self, stream: Any, name: str, waiter: CudaEventWaiter | None = None, *, into: DeviceEvent | None = None
@@ -534,6 +556,14 @@ class ModelRunner:
             copied = self._record(self.copy_stream, f"step{index}.copied", self.cuda_waiter,
                                   into=None if step is None else step.copied)  # fmt: skip
         return out, materialized, copied
+
+
+def _one_automaton(grammar: list[GrammarState]) -> Any:
+    """The token automaton every row is in (aserve.sampling.fsm), or None."""
+    fsm = grammar[0].fsm
+    if fsm is None or any(st.fsm is not fsm for st in grammar):
+        return None
+    return fsm
 
 
 def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:

@@ -225,6 +225,20 @@ class TokenFSM:
             self.stops.add(state)
         self.masks = torch.stack(rows) if rows else torch.zeros((0, words), dtype=torch.int32)
         self.row_bytes = words * 4
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    def row_of(self, state: FsmState) -> int:
+        """``state``'s row of :meth:`device_masks`: an ended request's (done or failed) is the
+        all-ones row after the automaton's own, as a stopped matcher's mask allows every token."""
+        return len(self.masks) if state.done or state.error else self.rows[state.state]
+
+    def device_masks(self, device: torch.device) -> torch.Tensor:
+        """``masks`` and an all-ones row after them, on ``device`` (copied once, then kept)."""
+        table = self._on_device.get(device)
+        if table is None:
+            ones = torch.full((1, self.masks.shape[1]), -1, dtype=torch.int32)
+            table = self._on_device[device] = torch.cat([self.masks, ones]).to(device)
+        return table
 
     def next_state(self, state: int, token: int) -> int | None:
         """The state after ``token``, or None where the automaton does not allow it."""

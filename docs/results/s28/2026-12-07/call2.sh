@@ -1,15 +1,18 @@
 #!/bin/bash
 # Session 28, call 2 (issue 16): constrained decode with llguidance (today's default) against
 # the token automaton (ASERVE_GRAMMAR_FSM=1: the bench's schema is in its subset, so its rows'
-# masks are copies of the automaton's rows and its advance one lookup), taking turns.
+# masks are gathered on the device from the automaton's table and its advance is one lookup),
+# taking turns; first the structured CUDA tests (the gather's against serial mode among them).
 # Carry [".gpu", ".whl"].
-S=$(date +%s); BUDGET=${BUDGET:-340}
+S=$(date +%s); BUDGET=${BUDGET:-400}
 python -m pip install -q --no-deps --no-index --break-system-packages .whl/*.whl 2>&1 | grep -v WARNING | tail -2
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"
 python setup.py build_ext --inplace > /tmp/b0.txt 2>&1 || cp /tmp/b0.txt $OUT/
 left() { echo $(( BUDGET - ($(date +%s) - S) )); }
-python docs/results/s28/2026-12-07/fsm_chain.py --tokenizer-dir .gpu --fill executor:8 --out $OUT/fsm_chain.json 2>&1 | grep -v "\[info"
+timeout 120 python -m pytest -q -m "" tests/gpu/test_structured_cuda.py > $OUT/gpu_tests.txt 2>&1
+echo "structured CUDA tests rc=$?"; grep -E "passed|failed" $OUT/gpu_tests.txt | tail -3; grep -E "^(FAILED|ERROR)" $OUT/gpu_tests.txt | head -5
+timeout 60 python docs/results/s28/2026-12-07/fsm_chain.py --tokenizer-dir .gpu --fill executor:8 --rows 256 --out $OUT/fsm_chain.json 2>&1 | grep -v "\[info"
 structured() {  # $1 label, $2 ASERVE_GRAMMAR_FSM
   local t=$1 L=$(left)
   [ $L -gt 60 ] || { echo "structured $t skipped: $L s left"; return; }
