@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
 nvidia-smi --query-gpu=name --format=csv,noheader; lscpu | grep -E "Model name|^CPU\(s\)"
 python setup.py build_ext --inplace > /tmp/b0.txt 2>&1 || cp /tmp/b0.txt $OUT/
 left() { echo $(( BUDGET - ($(date +%s) - S) )); }
-timeout 100 python -m pytest -q -m "" tests/gpu/test_structured_cuda.py -k "automaton or masked_argmax" > $OUT/gpu_tests.txt 2>&1
+timeout 100 python -m pytest -q -m "" tests/gpu/test_structured_cuda.py -k "${TESTS_K:-automaton or masked_argmax}" > $OUT/gpu_tests.txt 2>&1
 echo "structured CUDA tests rc=$?"; grep -E "passed|failed" $OUT/gpu_tests.txt | tail -3; grep -E "^(FAILED|ERROR)" $OUT/gpu_tests.txt | head -5
 [ $(left) -gt 280 ] && timeout 50 python docs/results/s28/2026-12-07/fsm_chain.py --tokenizer-dir .gpu --fill executor:8 --rows 256 --out $OUT/fsm_chain.json 2>&1 | grep -v "\[info"
 structured() {  # $1 label, $2 ASERVE_GRAMMAR_FSM
