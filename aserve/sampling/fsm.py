@@ -47,7 +47,10 @@ MAX_STATES = 20_000
 MAX_STRING = 64
 
 _META = set("\\.+*?()|[]{}^$#&-~")
-_JSON_STRING = r'"([^"\\\x00-\x1f]|\\["\\/bfnrt]|\\u[0-9a-fA-F]{4})*"'
+# JSON's string characters inside what llguidance allows (walked against it in the tests):
+# control characters and DEL only as their escapes; no escaped "/" and no "\u" escapes, some of
+# which llguidance refuses.
+_JSON_STRING = r'"([^"\\\x00-\x1f\x7f]|\\["\\bfnrt])*"'
 _JSON_NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
 _JSON_INTEGER = r"-?(0|[1-9][0-9]*)"
 
@@ -106,7 +109,7 @@ def schema_regex(schema: Any) -> str | None:
             return None
         if any(isinstance(v, dict | list) for v in values):
             return None
-        return "(" + "|".join(escape(json.dumps(v)) for v in values) + ")"
+        return "(" + "|".join(escape(json.dumps(v, ensure_ascii=False)) for v in values) + ")"
     kind = schema.get("type")
     if kind == "integer":
         return _integer(schema, keys - {"type"})
@@ -129,11 +132,10 @@ def schema_regex(schema: Any) -> str | None:
 
 def _bounded_string(least: Any, most: Any) -> str | None:
     """A string of ``least`` to ``most`` characters (at most :data:`MAX_STRING`: each is a
-    state whose moves span the vocabulary). ``\\u`` escapes are left out: two of them may
-    be one character (a surrogate pair), which would break ``minLength``."""
+    state whose moves span the vocabulary)."""
     if not isinstance(least, int) or not isinstance(most, int) or not 0 <= least <= most <= MAX_STRING:
         return None
-    return rf'"([^"\\\x00-\x1f]|\\["\\/bfnrt]){{{least},{most}}}"'
+    return rf'"([^"\\\x00-\x1f\x7f]|\\["\\bfnrt]){{{least},{most}}}"'
 
 
 def _integer(schema: dict[str, Any], keys: set[str]) -> str | None:
@@ -175,7 +177,7 @@ def _object(schema: dict[str, Any], keys: set[str]) -> str | None:
         value = schema_regex(sub)
         if value is None:
             return None
-        fields.append(escape(json.dumps(name)) + ": " + value)
+        fields.append(escape(json.dumps(name, ensure_ascii=False)) + ": " + value)
     return r"\{" + ", ".join(fields) + r"\}"
 
 

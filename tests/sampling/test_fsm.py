@@ -175,3 +175,86 @@ def test_grammars_hand_out_automaton_states_once_built_and_mixed_steps_advance(v
     assert b'"' in after and all(b'"answer": "'.startswith(b) for b in after)
     masks = fill_masks(states)
     assert torch.equal(masks[2] & ~masks[0], torch.zeros_like(masks[2]))
+
+
+def _schemas(depth: int = 2) -> Any:
+    """Schemas of aserve.sampling.fsm's subset, nested up to ``depth``."""
+    from hypothesis import strategies as st
+
+    def integer(bounds: tuple[int, int]) -> dict[str, Any]:
+        return {"type": "integer", "minimum": min(bounds), "maximum": max(bounds)}
+
+    leaves = st.one_of(
+        st.tuples(st.integers(-1500, 1500), st.integers(-1500, 1500)).map(integer),
+        st.just({"type": "boolean"}),
+        st.just({"type": "null"}),
+        st.just({"type": "string"}),
+        st.lists(
+            st.one_of(st.text("abcé é-", min_size=1, max_size=5), st.integers(-9, 99)),
+            min_size=1,
+            max_size=4,
+            unique=True,
+        ).map(lambda v: {"enum": v}),
+        st.tuples(st.integers(0, 3), st.integers(0, 5)).map(
+            lambda b: {"type": "string", "minLength": b[0], "maxLength": b[0] + b[1]}
+        ),
+    )
+    if depth == 0:
+        return leaves
+
+    def array(a: tuple[Any, int, int]) -> dict[str, Any]:
+        return {"type": "array", "items": a[0], "minItems": a[1], "maxItems": a[1] + a[2]}
+
+    def obj(props: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+    inner = _schemas(depth - 1)
+    return st.one_of(
+        leaves,
+        st.tuples(inner, st.integers(0, 2), st.integers(0, 2)).map(array),
+        st.dictionaries(st.text("xyz_", min_size=1, max_size=4), inner, min_size=0, max_size=3).map(obj),
+    )
+
+
+@pytest.mark.slow
+def test_random_schemas_of_the_subset_walk_to_valid_json_that_llguidance_accepts(vocab: tuple[Any, Grammars]) -> None:
+    """Hypothesis writes schemas of the subset (nested arrays and closed objects of bounded
+    integers, enums, booleans, null and bounded strings); random walks through each automaton
+    end in JSON that ``jsonschema`` validates, and llguidance, compiling the same schema, accepts
+    every token on the way."""
+    from hypothesis import HealthCheck, given, settings
+
+    tok, grammars = vocab
+    token_bytes = tok.token_bytes()
+    eos = set(tok.eos_token_ids)
+
+    @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(_schemas())
+    def check(schema: dict[str, Any]) -> None:
+        regex = schema_regex(schema)
+        assert regex is not None, schema
+        fsm = _fsm(tok, regex)
+        spec = StructuredOutputs(json=schema)
+        for walk in range(3):
+            rng = random.Random(walk)
+            state, judge = FsmState(fsm, tok.vocab_size), grammars.state(spec, MaskFiller("serial"), cached=False)
+            text = b""
+            for step in range(300):
+                if state.done:
+                    break
+                ids = _allowed(state).tolist()
+                ends = [t for t in ids if t in eos]
+                # Toward short outputs: an end where allowed, else mostly single-byte tokens,
+                # and after a while a closing quote, bracket or brace where one is allowed.
+                short = [t for t in ids if len(token_bytes[t]) == 1] or ids
+                closing = [t for t in short if token_bytes[t] in (b'"', b"]", b"}")] if step > 40 else []
+                token = ends[0] if ends else rng.choice(closing or (short if rng.random() < 0.8 else ids))
+                assert judge.advance(token), (schema, text, token_bytes[token], judge.error)
+                assert state.advance(token)
+                if token in eos:
+                    break
+                text += token_bytes[token]
+            assert state.done, (schema, text)
+            jsonschema.validate(json.loads(text), schema)
+
+    check()
