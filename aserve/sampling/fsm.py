@@ -23,8 +23,10 @@ whitespace). Anything outside the subset returns None and stays with llguidance.
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,8 @@ log = get_logger("aserve.grammar")
 # walk that builds them slow): the grammar stays with llguidance.
 MAX_STATES = 20_000
 
+# Automata an engine keeps (a schema's with strings holds ~255k moves a string state).
+MAX_AUTOMATA = 64
 # The longest bounded string written as an automaton.
 MAX_STRING = 64
 
@@ -318,57 +322,80 @@ class FsmState(GrammarState):
 
 
 class FsmBuilds:
-    """A :class:`Grammars`' automata by spec key: built on a daemon thread at a key's first
-    request, None while building or where the spec has none."""
+    """A :class:`Grammars`' automata by spec key: built one at a time on a daemon thread (a
+    build walks the vocabulary once a state on one core) from a key's first request; None while
+    waiting or building, or where the spec has none. At most :data:`MAX_AUTOMATA` keys are
+    kept, the least recently asked for dropped first (requests keep the automaton they hold)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         self._tokenizer, self._vocab_size = tokenizer, vocab_size
         self._vocab: tuple[list[bytes], list[int], list[int]] | None = None  # bytes, special, eos: at the first build
-        self._fsms: dict[tuple[str, str], TokenFSM | None] = {}
+        self._fsms: OrderedDict[tuple[str, str], TokenFSM | None] = OrderedDict()
         self._done: dict[tuple[str, str], threading.Event] = {}
         self._lock = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[tuple[str, str], str, threading.Event]] = queue.SimpleQueue()
+        self._worker: threading.Thread | None = None
 
     def get(self, spec: StructuredOutputs) -> TokenFSM | None:
-        """The spec's automaton if built; else None (its build starts at the first call)."""
+        """The spec's automaton if built; else None (its build is queued at the first call)."""
         key = spec.key
         with self._lock:
-            if key in self._done:
-                return self._fsms.get(key)
+            if key in self._fsms:
+                self._fsms.move_to_end(key)
+                return self._fsms[key]
+            if key in self._done:  # queued or building
+                return None
             regex = spec_regex(spec)
             self._done[key] = done = threading.Event()
             if regex is None:
+                self._keep(key, None)
                 done.set()
                 return None
-        threading.Thread(target=self._build, args=(key, regex, done), daemon=True, name="aserve-fsm").start()
+            self._queue.put((key, regex, done))
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, daemon=True, name="aserve-fsm")
+                self._worker.start()
         return None
 
     def wait(self, spec: StructuredOutputs, timeout: float | None = None) -> TokenFSM | None:
-        """The spec's automaton once its build ends (started if need be; None if it has none)."""
+        """The spec's automaton once its build ends (queued if need be; None if it has none)."""
         self.get(spec)
-        self._done[spec.key].wait(timeout)
-        return self._fsms.get(spec.key)
+        with self._lock:
+            done = self._done.get(spec.key)
+        if done is not None:
+            done.wait(timeout)
+        with self._lock:
+            return self._fsms.get(spec.key)
+
+    def _keep(self, key: tuple[str, str], fsm: TokenFSM | None) -> None:
+        """Under the lock: ``key``'s result kept, the oldest dropped past :data:`MAX_AUTOMATA`."""
+        self._fsms[key] = fsm
+        while len(self._fsms) > MAX_AUTOMATA:
+            old, _ = self._fsms.popitem(last=False)
+            del self._done[old]
 
     def _vocabulary(self) -> tuple[list[bytes], list[int], list[int]]:
-        with self._lock:
-            if self._vocab is None:
-                tok = self._tokenizer
-                special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
-                self._vocab = (tok.token_bytes(), special, list(tok.eos_token_ids))
-            return self._vocab
+        if self._vocab is None:  # only the worker thread builds
+            tok = self._tokenizer
+            special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
+            self._vocab = (tok.token_bytes(), special, list(tok.eos_token_ids))
+        return self._vocab
 
-    def _build(self, key: tuple[str, str], regex: str, done: threading.Event) -> None:
-        t0 = time.perf_counter()
-        try:
-            fsm = build_fsm(regex, *self._vocabulary(), vocab_size=self._vocab_size)
-        except Exception as exc:  # kept with llguidance
-            log.warning("grammar_fsm_failed", error=repr(exc))
-            fsm = None
-        with self._lock:
-            self._fsms[key] = fsm
-        done.set()
-        log.info(
-            "grammar_fsm_built",
-            seconds=round(time.perf_counter() - t0, 3),
-            states=None if fsm is None else len(fsm.rows),
-            masks=None if fsm is None else len(fsm.masks),
-        )
+    def _work(self) -> None:
+        while True:
+            key, regex, done = self._queue.get()
+            t0 = time.perf_counter()
+            try:
+                fsm = build_fsm(regex, *self._vocabulary(), vocab_size=self._vocab_size)
+            except Exception as exc:  # kept with llguidance
+                log.warning("grammar_fsm_failed", error=repr(exc))
+                fsm = None
+            with self._lock:
+                self._keep(key, fsm)
+            done.set()
+            log.info(
+                "grammar_fsm_built",
+                seconds=round(time.perf_counter() - t0, 3),
+                states=None if fsm is None else len(fsm.rows),
+                masks=None if fsm is None else len(fsm.masks),
+            )

@@ -258,3 +258,21 @@ def test_random_schemas_of_the_subset_walk_to_valid_json_that_llguidance_accepts
             jsonschema.validate(json.loads(text), schema)
 
     check()
+
+
+def test_an_engine_keeps_a_bounded_number_of_automata(
+    vocab: tuple[Any, Grammars], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aserve.sampling import fsm as fsm_mod
+
+    monkeypatch.setattr(fsm_mod, "MAX_AUTOMATA", 2)
+    tok, _ = vocab
+    builds = fsm_mod.FsmBuilds(tok, tok.vocab_size)
+    specs = [StructuredOutputs(choice=(f"x{i}", f"y{i}")) for i in range(3)]
+    built = [builds.wait(spec, timeout=300) for spec in specs]
+    assert all(b is not None for b in built)
+    assert builds.get(specs[2]) is built[2] and builds.get(specs[1]) is built[1]
+    assert builds.get(specs[0]) is None  # dropped: built again if asked again
+    assert builds.wait(specs[0], timeout=300) is not None
+    assert builds.get(specs[2]) is None  # now the least recently asked for
+    assert builds.wait(StructuredOutputs(regex="a+"), timeout=1) is None  # not an automaton's spec
