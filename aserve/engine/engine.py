@@ -219,9 +219,9 @@ class Engine:
         if grammars is not None:
             with phase("preparing structured outputs"):
                 await anyio.to_thread.run_sync(grammars.prepare)
-                fsms = grammars.fsms
-                for spec in specs if fsms is not None else ():
-                    await anyio.to_thread.run_sync(fsms.wait, spec)  # type: ignore[union-attr]
+                if grammars.fsms is not None:
+                    for spec in specs:
+                        await anyio.to_thread.run_sync(grammars.fsms.wait, spec)
 
     async def aclose(self) -> None:
         """Stop the scheduler; unfinished requests end with ``finish_reason == "abort"``.

@@ -17,7 +17,7 @@ import torch
 from aserve.bench.mask_fill import _tokenizer
 from aserve.sampling.fsm import FsmState, TokenFSM, build_fsm, int_range_regex, schema_regex, spec_regex
 from aserve.sampling.grammar import Grammars
-from aserve.sampling.masks import MaskFiller, advance_all, fill_masks
+from aserve.sampling.masks import MaskFiller, advance_all, allowed_tokens, fill_masks
 from aserve.sampling_params import StructuredOutputs
 
 # In the subset (each has a regex); the test module's engine schemas 2, 4, 6 and 9 among them.
@@ -76,9 +76,7 @@ def _fsm(tok: Any, regex: str) -> TokenFSM:
 
 
 def _allowed(state: FsmState) -> torch.Tensor:
-    masks = fill_masks([state])
-    bits = (masks.view(-1, 1) >> torch.arange(32)) & 1
-    return bits.flatten()[: state.vocab_size].nonzero().flatten()
+    return allowed_tokens(fill_masks([state]), state.vocab_size)[0].nonzero().flatten()
 
 
 @pytest.mark.slow
