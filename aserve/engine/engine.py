@@ -45,6 +45,7 @@ from aserve.kv.allocator import LedgerView
 from aserve.logs import get_logger
 from aserve.outputs import CompletionResult, Delta
 from aserve.progress import phase
+from aserve.sampling.fsm import automata_on
 from aserve.sampling.grammar import Grammars
 from aserve.sampling.masks import MaskFiller
 from aserve.sampling_params import SamplingParams, StructuredOutputs
@@ -171,7 +172,12 @@ class Engine:
             ),
             parts.tokenizer,
             cfg.seed,
-            Grammars(parts.tokenizer, parts.model_config.vocab_size, filler=MaskFiller.for_device(runner.device.type)),
+            Grammars(
+                parts.tokenizer,
+                parts.model_config.vocab_size,
+                filler=MaskFiller.for_device(runner.device.type),
+                fsm=automata_on(runner.device.type),
+            ),
         )
         await self._exit.enter_async_context(self._loop.running())
         log.info("engine_started", **self._started_fields())
@@ -213,14 +219,16 @@ class Engine:
         stream stalls and the front ends of ``aserve serve --api-workers`` hear no heartbeat).
         ``aserve serve`` calls it before it says it is ready.
 
-        With ``ASERVE_GRAMMAR_FSM=1``, also waits for ``specs``' token automata (seconds each
-        over a 262k vocabulary; requests admitted before one is ready keep llguidance)."""
+        Where the engine builds token automata (:func:`aserve.sampling.fsm.automata_on`), also
+        builds ``specs``' and waits for them (seconds each over a 262k vocabulary; requests
+        admitted before one is ready keep llguidance, whose masks are the automaton's)."""
         grammars = self._admission.grammars
         if grammars is not None:
             with phase("preparing structured outputs"):
                 await anyio.to_thread.run_sync(grammars.prepare)
                 if grammars.fsms is not None:
                     for spec in specs:
+                        grammars.build_automaton(spec)
                         await anyio.to_thread.run_sync(grammars.fsms.wait, spec)
 
     async def aclose(self) -> None:

@@ -1,4 +1,5 @@
-"""Token FSMs for regular structured outputs (``ASERVE_GRAMMAR_FSM=1``, off by default).
+"""Token automata for regular structured outputs: on by default on a GPU (:func:`automata_on`;
+``ASERVE_GRAMMAR_FSM=1`` or ``0`` to choose).
 
 A choice, or a JSON schema in the subset :func:`schema_regex` writes as a regular expression,
 is compiled once into a token-level automaton by outlines-core (its ``Index``: every state's
@@ -7,12 +8,15 @@ constrained by one then needs no grammar engine per step: its advance is one loo
 mask a copy of its state's row from a table of the automaton's distinct masks. llguidance
 computes the same rows each step (~8-14 us a row on this project's VM, and the structured
 bench's 256 rows hold 4 distinct masks), which is what a constrained step's host chain waits on
-(docs/benchmarks.md, sessions 24-28).
+(docs/benchmarks.md, sessions 24-29).
 
-The automaton is an accelerator, never the judge: a request's grammar is still compiled by
-llguidance at admission (a bad one is a 400 there), and the automaton is built beside the
-engine on a daemon thread (seconds over a 262k vocabulary: outlines-core walks it once a
-state). Requests admitted before it is ready keep llguidance to their end.
+llguidance stays the judge. It compiles every request's grammar at admission (a bad one is a
+400 there), and the masks in an automaton's table are its own: the build walks the automaton
+with llguidance's matcher beside it and keeps, for each state, the mask llguidance computed
+there; an automaton where llguidance allows a token it has no move for is not used
+(:class:`TokenFSM`). So a request gives the same tokens with or without its automaton. The
+build runs beside the engine on a daemon thread (seconds over a 262k vocabulary: outlines-core
+walks it once a state); requests admitted before it is ready keep llguidance to their end.
 
 The language of :func:`schema_regex` lies inside the schema's: objects take their properties
 in the schema's order, all required, none other (``additionalProperties: false`` is asked
@@ -22,14 +26,17 @@ whitespace). Anything outside the subset returns None and stays with llguidance.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from aserve.logs import get_logger
@@ -51,10 +58,11 @@ MAX_AUTOMATA = 64
 MAX_STRING = 64
 
 _META = set("\\.+*?()|[]{}^$#&-~")
-# JSON's string characters inside what llguidance allows (walked against it in the tests):
-# control characters and DEL only as their escapes; no escaped "/" and no "\u" escapes, some of
-# which llguidance refuses.
-_JSON_STRING = r'"([^"\\\x00-\x1f\x7f]|\\["\\bfnrt])*"'
+# A JSON string's character as llguidance allows it (its masks and the automaton's are compared
+# state by state as the automaton is built): control characters and DEL only escaped, "\u"
+# escapes only for those, no escaped "/".
+_JSON_CHAR = r'([^"\\\x00-\x1f\x7f]|\\(["\\bfnrt]|u00[01][0-9a-fA-F]|u007[fF]))'
+_JSON_STRING = f'"{_JSON_CHAR}*"'
 _JSON_NUMBER = r"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?"
 _JSON_INTEGER = r"-?(0|[1-9][0-9]*)"
 
@@ -64,13 +72,22 @@ def escape(text: str) -> str:
     return "".join("\\" + c if c in _META else c for c in text)
 
 
+def _either(literals: Iterable[str]) -> str:
+    """An alternation of regex-escaped literals, the longest first: outlines-core's automaton
+    may stop where an earlier alternative has matched the whole regex (``(1|12)`` alone never
+    reaches "12", ``(12|1)`` does). Where it still stops short of the grammar (a top-level
+    ``a(bc)?``, a top-level number), the build's comparison with llguidance refuses it."""
+    return "(" + "|".join(sorted(literals, key=len, reverse=True)) + ")"
+
+
 def int_range_regex(lo: int, hi: int) -> str:
     """A regex matching exactly the decimal integers from ``lo`` to ``hi`` as JSON writes them
-    (no leading zeros, ``-`` for negatives, no ``-0``)."""
+    (no leading zeros, ``-`` for negatives), and ``-0`` where ``lo < 0 <= hi`` (llguidance
+    allows it there, and JSON reads it as 0)."""
     assert lo <= hi
     alts = []
     if lo < 0:
-        alts.append("-" + _nonneg(max(1, -hi), -lo))
+        alts.append("-" + _nonneg(0 if hi >= 0 else -hi, -lo))
     if hi >= 0:
         alts.append(_nonneg(max(lo, 0), hi))
     return "(" + "|".join(alts) + ")"
@@ -79,7 +96,7 @@ def int_range_regex(lo: int, hi: int) -> str:
 def _nonneg(lo: int, hi: int) -> str:
     """Integers ``lo`` to ``hi`` (both >= 0), by their number of digits."""
     alts = []
-    for n in range(len(str(lo)), len(str(hi)) + 1):
+    for n in range(len(str(hi)), len(str(lo)) - 1, -1):  # longest first: see _either
         a, b = max(lo, 10 ** (n - 1) if n > 1 else 0), min(hi, 10**n - 1)
         if a <= b:
             alts.append(_same_length(str(a), str(b)))
@@ -113,7 +130,7 @@ def schema_regex(schema: Any) -> str | None:
             return None
         if any(isinstance(v, dict | list) for v in values):
             return None
-        return "(" + "|".join(escape(json.dumps(v, ensure_ascii=False)) for v in values) + ")"
+        return _either(escape(json.dumps(v, ensure_ascii=False)) for v in values)
     kind = schema.get("type")
     if kind == "integer":
         return _integer(schema, keys - {"type"})
@@ -139,7 +156,7 @@ def _bounded_string(least: Any, most: Any) -> str | None:
     state whose moves span the vocabulary)."""
     if not isinstance(least, int) or not isinstance(most, int) or not 0 <= least <= most <= MAX_STRING:
         return None
-    return rf'"([^"\\\x00-\x1f\x7f]|\\["\\bfnrt]){{{least},{most}}}"'
+    return f'"{_JSON_CHAR}{{{least},{most}}}"'
 
 
 def _integer(schema: dict[str, Any], keys: set[str]) -> str | None:
@@ -188,7 +205,7 @@ def _object(schema: dict[str, Any], keys: set[str]) -> str | None:
 def spec_regex(spec: StructuredOutputs) -> str | None:
     """The regex of a spec this module can compile (a choice, a JSON schema in the subset)."""
     if spec.choice is not None:
-        return "(" + "|".join(escape(c) for c in spec.choice) + ")"
+        return _either(escape(c) for c in spec.choice)
     if spec.json is not None:
         try:
             return schema_regex(json.loads(str(spec.json)) if isinstance(spec.json, str) else spec.json)
@@ -197,39 +214,74 @@ def spec_regex(spec: StructuredOutputs) -> str | None:
     return None
 
 
+def automata_on(device_type: str) -> bool:
+    """Whether an engine on ``device_type`` builds token automata: ``ASERVE_GRAMMAR_FSM`` (1 or
+    0) where set; else on a GPU, where a constrained step's host work paces the device (issue
+    16's figures, docs/benchmarks.md), and not on a CPU, where the build's core is better spent
+    on the forward; never without outlines-core."""
+    env = os.environ.get("ASERVE_GRAMMAR_FSM")
+    wanted = env == "1" if env in ("0", "1") else device_type == "cuda"
+    return wanted and importlib.util.find_spec("outlines_core") is not None
+
+
 class TokenFSM:
-    """A regex's automaton over a vocabulary: outlines-core's ``Index`` for the next state, and
-    ``masks`` ([distinct rows, words] int32, host) with ``rows[state]`` each state's row in it.
+    """A regex's automaton over a vocabulary whose masks are llguidance's: outlines-core's
+    ``Index`` names where a request is (its state) and where each token leads; ``masks``
+    ([distinct rows, words] int32, host) holds, at ``rows[state]``, the mask llguidance computed
+    there for the same grammar, once, while the automaton was built.
 
-    A state's mask allows the tokens the index allows, and every end-of-sequence token where
-    the state is final. ``stops`` holds the final states that allow nothing else (the output is
-    complete: the request ends, as a stopped llguidance matcher ends it)."""
+    Built by walking the automaton from its start with llguidance's matcher (``judge``) beside
+    it: each state is reached once, by a token llguidance allows, and the matcher there gives
+    the state's mask. A state llguidance allows more in than the automaton has moves for (the
+    regex leaves something out) makes the whole automaton :class:`Unequal`. So a request's
+    masks are the ones llguidance would have given it, token for token; the automaton saves
+    computing them again (on the walk's premise, checked by the tests' walks: llguidance's mask
+    is a function of the automaton's state, not of the path to it).
 
-    def __init__(self, index: Any, vocab_size: int, eos: Sequence[int], index_eos: int) -> None:
+    ``stops`` holds the states where llguidance's matcher stopped (nothing may follow)."""
+
+    def __init__(self, index: Any, vocab_size: int, eos: Sequence[int], index_eos: int, judge: GrammarState) -> None:
         self.index = index
         self.initial = int(index.get_initial_state())
         self.eos = frozenset(eos)
         words = mask_words(vocab_size)
+        moves = index.get_transitions()
         table: dict[bytes, int] = {}
+        rows: list[np.ndarray] = []
         self.rows: dict[int, int] = {}
         self.stops: set[int] = set()
-        self.finals = set(index.get_final_states())
-        rows: list[torch.Tensor] = []
-        for state, moves in index.get_transitions().items():
-            ids = [t for t in moves if t != index_eos]
-            bits = torch.zeros(words * 32, dtype=torch.bool)
-            bits[ids] = True
-            if state in self.finals:
-                bits[list(self.eos)] = True
-                if not ids:
-                    self.stops.add(state)
-            packed = _pack(bits)
-            self.rows[state] = row = table.setdefault(packed.numpy().tobytes(), len(table))
+        todo = [(self.initial, judge.matcher)]
+        reached = {self.initial}
+        while todo:
+            state, matcher = todo.pop()
+            theirs = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)[:words]
+            out = moves.get(state, {})
+            ids = np.fromiter((t for t in out if t != index_eos), dtype=np.int64)
+            ours = np.zeros(words * 32, dtype=bool)
+            ours[ids] = True
+            if index.is_final_state(state):
+                ours[list(self.eos)] = True
+            extra = theirs & ~_pack(ours)
+            if extra.any():
+                raise Unequal(state, _first_bit(extra))
+            self.rows[state] = row = table.setdefault(theirs.tobytes(), len(table))
             if row == len(rows):
-                rows.append(packed)
-        for state in self.finals - set(self.rows):  # a final state with no move out
-            self.stops.add(state)
-        self.masks = torch.stack(rows) if rows else torch.zeros((0, words), dtype=torch.int32)
+                rows.append(theirs.copy())
+            if matcher.is_stopped():
+                self.stops.add(state)
+                continue
+            # One token llguidance allows into each state not yet reached.
+            allowed = ids[(theirs[ids >> 5] >> (ids & 31)) & 1 == 1]
+            for token in allowed.tolist():
+                nxt = int(out[token])
+                if nxt not in reached:
+                    reached.add(nxt)
+                    after = matcher.deep_copy()
+                    if not after.consume_token(token):
+                        raise Unequal(state, token)
+                    todo.append((nxt, after))
+        self.masks = torch.from_numpy(np.stack(rows))
+        self._bits = self.masks.numpy()
         self.row_bytes = words * 4
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
@@ -246,26 +298,43 @@ class TokenFSM:
             table = self._on_device[device] = torch.cat([self.masks, ones]).to(device)
         return table
 
-    def next_state(self, state: int, token: int) -> int | None:
-        """The state after ``token``, or None where the automaton does not allow it."""
-        nxt = self.index.get_next_state(state, token)
-        return None if nxt is None else int(nxt)
+    def allows(self, state: int, token: int) -> bool:
+        """Whether ``state``'s mask allows ``token``."""
+        return bool((int(self._bits[self.rows[state], token >> 5]) >> (token & 31)) & 1)
+
+    def next_state(self, state: int, token: int) -> int:
+        """The state after ``token`` (one :meth:`allows`, not an end-of-sequence token)."""
+        return int(self.index.get_next_state(state, token))
 
     def mask_ptr(self, state: int) -> int:
         """The address of ``state``'s mask row (``masks`` is contiguous and kept)."""
         return int(self.masks.data_ptr()) + self.rows[state] * self.row_bytes
 
 
-def _pack(bits: torch.Tensor) -> torch.Tensor:
+class Unequal(Exception):
+    """llguidance allows ``token`` in the automaton's ``state`` where the automaton has no move
+    for it: the regex's language is not the grammar's there, and the automaton is not used."""
+
+    def __init__(self, state: int, token: int) -> None:
+        super().__init__(f"llguidance allows token {token} in state {state}, the automaton does not")
+        self.state, self.token = state, token
+
+
+def _first_bit(words: np.ndarray) -> int:
+    word = int(np.flatnonzero(words)[0])
+    return word * 32 + (int(words[word]) & -int(words[word])).bit_length() - 1
+
+
+def _pack(bits: np.ndarray) -> np.ndarray:
     """[words * 32] bools -> [words] int32, bit ``t % 32`` of word ``t // 32`` for token t."""
-    weights = torch.tensor([1 << i for i in range(32)], dtype=torch.int64)
-    return (bits.view(-1, 32).to(torch.int64) * weights).sum(1).to(torch.int32)
+    return np.packbits(bits.reshape(-1, 32), axis=1, bitorder="little").view(np.int32).ravel()
 
 
-def build_fsm(regex: str, token_bytes: Sequence[bytes], special: Sequence[int], eos: Sequence[int], vocab_size: int) -> TokenFSM | None:  # fmt: skip
-    """``regex``'s automaton over the vocabulary (special and end-of-sequence tokens are never
-    the regex's: the latter are allowed in final states), or None if outlines-core cannot
-    build it or it is larger than :data:`MAX_STATES`."""
+def build_fsm(regex: str, token_bytes: Sequence[bytes], special: Sequence[int], eos: Sequence[int], vocab_size: int, judge: GrammarState) -> TokenFSM | None:  # fmt: skip
+    """``regex``'s automaton over the vocabulary with the masks of ``judge`` (llguidance's
+    state at the start of the same grammar, its C tokenizer table kept alive in it; special and end-of-sequence tokens are never
+    the regex's), or None if outlines-core cannot build it, it has more than
+    :data:`MAX_STATES` states, or llguidance allows more than it somewhere (:class:`Unequal`)."""
     from outlines_core import Index, Vocabulary
 
     skip = set(special) | set(eos)
@@ -282,7 +351,11 @@ def build_fsm(regex: str, token_bytes: Sequence[bytes], special: Sequence[int], 
     if len(index.get_transitions()) > MAX_STATES:
         log.info("grammar_fsm_too_large", states=len(index.get_transitions()))
         return None
-    return TokenFSM(index, vocab_size, eos, index_eos)
+    try:
+        return TokenFSM(index, vocab_size, eos, index_eos, judge)
+    except Unequal as exc:
+        log.info("grammar_fsm_unequal", error=str(exc), token=bytes(token_bytes[exc.token])[:32])
+        return None
 
 
 class FsmState(GrammarState):
@@ -292,31 +365,20 @@ class FsmState(GrammarState):
     __slots__ = ("state",)
 
     def __init__(self, fsm: TokenFSM, vocab_size: int, filler: MaskFiller | None = None) -> None:
+        super().__init__(None, vocab_size, filler=filler)
         self.fsm = fsm
-        self.matcher = None
-        self.vocab_size = vocab_size
-        self.cache = None
-        self.key = None
-        self.token_table = None
-        self.shard = 0
-        self.filler = filler
-        self.prefix = None
         self.state = fsm.initial
         self.done = fsm.initial in fsm.stops
-        self.error = ""
 
     def advance(self, token: int) -> bool:
         fsm = self.fsm
         assert fsm is not None
-        if token in fsm.eos:
-            ok = self.state in fsm.finals
-            self.done = ok
-        else:
-            nxt = fsm.next_state(self.state, token)
-            ok = nxt is not None
-            if nxt is not None:
-                self.state = nxt
-                self.done = nxt in fsm.stops
+        ok = fsm.allows(self.state, token)
+        if ok and token in fsm.eos:
+            self.done = True
+        elif ok:
+            self.state = fsm.next_state(self.state, token)
+            self.done = self.state in fsm.stops
         self.error = "" if ok else f"token {token} is not allowed here"
         return ok
 
@@ -333,11 +395,12 @@ class FsmBuilds:
         self._fsms: OrderedDict[tuple[str, str], TokenFSM | None] = OrderedDict()
         self._done: dict[tuple[str, str], threading.Event] = {}
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[tuple[tuple[str, str], str, threading.Event]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[tuple[str, str], str, GrammarState, threading.Event]] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
 
-    def get(self, spec: StructuredOutputs) -> TokenFSM | None:
-        """The spec's automaton if built; else None (its build is queued at the first call)."""
+    def get(self, spec: StructuredOutputs, judge: Callable[[], GrammarState]) -> TokenFSM | None:
+        """The spec's automaton if built; else None (its build is queued at the first call,
+        with the llguidance state ``judge`` returns: see :class:`TokenFSM`)."""
         key = spec.key
         with self._lock:
             if key in self._fsms:
@@ -351,15 +414,15 @@ class FsmBuilds:
                 self._keep(key, None)
                 done.set()
                 return None
-            self._queue.put((key, regex, done))
+            self._queue.put((key, regex, judge(), done))
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True, name="aserve-fsm")
                 self._worker.start()
         return None
 
     def wait(self, spec: StructuredOutputs, timeout: float | None = None) -> TokenFSM | None:
-        """The spec's automaton once its build ends (queued if need be; None if it has none)."""
-        self.get(spec)
+        """The spec's automaton once its build ends (None if it has none or was never asked
+        for: see :meth:`get`)."""
         with self._lock:
             done = self._done.get(spec.key)
         if done is not None:
@@ -383,10 +446,10 @@ class FsmBuilds:
 
     def _work(self) -> None:
         while True:
-            key, regex, done = self._queue.get()
+            key, regex, judge, done = self._queue.get()
             t0 = time.perf_counter()
             try:
-                fsm = build_fsm(regex, *self._vocabulary(), vocab_size=self._vocab_size)
+                fsm = build_fsm(regex, *self._vocabulary(), vocab_size=self._vocab_size, judge=judge)
             except Exception as exc:  # kept with llguidance
                 log.warning("grammar_fsm_failed", error=repr(exc))
                 fsm = None

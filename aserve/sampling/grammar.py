@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from aserve.errors import InvalidRequestError
 from aserve.logs import get_logger
-from aserve.sampling.fsm import FsmBuilds, FsmState
+from aserve.sampling.fsm import FsmBuilds, FsmState, automata_on
 from aserve.sampling.masks import GrammarState, MaskCache, MaskFiller
 from aserve.sampling_params import StructuredOutputs
 
@@ -83,7 +83,7 @@ class Grammars:
         ``filler``: how the requests' masks are filled (a :class:`MaskFiller` of its own, from
         ``ASERVE_MASK_FILL``, unless given; an engine passes :meth:`MaskFiller.for_device`).
         ``fsm``: constrain choices and JSON schemas of :mod:`aserve.sampling.fsm`'s subset by a
-        token automaton once it is built (None: if ``ASERVE_GRAMMAR_FSM=1``)."""
+        token automaton once it is built (None: as :func:`automata_on` says for a CPU)."""
         self.vocab_size = vocab_size
         self.filler = MaskFiller() if filler is None else filler
         if native_tokens is None:
@@ -97,7 +97,7 @@ class Grammars:
         self._cache: OrderedDict[tuple[str, str], _Compiled] = OrderedDict()  # compiled grammars by key
         self.masks = MaskCache()  # this vocabulary's masks by grammar and committed prefix
         if fsm is None:
-            fsm = os.environ.get("ASERVE_GRAMMAR_FSM", "0") == "1"
+            fsm = automata_on("cpu")
         self.fsms: FsmBuilds | None = None
         if fsm:
             self.fsms = FsmBuilds(tokenizer, vocab_size)
@@ -204,7 +204,7 @@ class Grammars:
         call alive (llguidance holds only its address)."""
         filler = self.filler if filler is None else filler
         compiled = self._compiled(spec)
-        fsm = None if self.fsms is None else self.fsms.get(spec)
+        fsm = None if self.fsms is None else self.fsms.get(spec, lambda: self._judge(compiled))
         if fsm is not None:
             return FsmState(fsm, self.vocab_size, filler)
         pooled = filler.kind == "executor" and self.token_table is not None
@@ -214,6 +214,18 @@ class Grammars:
         matcher = self._matcher(compiled, shard)
         cache, key = (self.masks, spec.key) if cached else (None, None)
         return GrammarState(matcher, self.vocab_size, cache, key, self.token_table, shard, filler)
+
+    def build_automaton(self, spec: StructuredOutputs) -> None:
+        """Queue ``spec``'s token automaton, if automata are on and it has none yet (its
+        grammar compiled first: a bad one raises :class:`InvalidRequestError`)."""
+        if self.fsms is not None:
+            compiled = self._compiled(spec)
+            self.fsms.get(spec, lambda: self._judge(compiled))
+
+    def _judge(self, compiled: _Compiled) -> GrammarState:
+        """A fresh state of ``compiled`` for an automaton's build (:class:`TokenFSM`), which
+        keeps the C tokenizer table its matcher calls alive while the build runs."""
+        return GrammarState(self._matcher(compiled, 0), self.vocab_size, token_table=self.token_table)
 
     def _matcher(self, compiled: _Compiled, shard: int) -> Any:
         """A fresh ``llguidance.LLMatcher``: a copy of ``compiled``'s template number ``shard``.

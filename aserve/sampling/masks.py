@@ -79,8 +79,10 @@ class GrammarState:
         self.prefix: list[int] | None = [] if cache is not None and key is not None else None
         # As of the last advance (the only calls that move a matcher), read by the commit and
         # the fill: two calls into llguidance a row fewer there.
-        self.done = bool(matcher.is_stopped())  # the language allows no further token (the output is complete)
-        self.error = str(matcher.get_error()) if matcher.is_error() else ""  # why the grammar refused a token
+        # the language allows no further token (the output is complete); why the grammar refused
+        # a token (an automaton's state, with no matcher, sets its own)
+        self.done = matcher is not None and bool(matcher.is_stopped())
+        self.error = str(matcher.get_error()) if matcher is not None and matcher.is_error() else ""
 
     def advance(self, token: int) -> bool:
         """Consume a committed token; False if the grammar did not allow it."""

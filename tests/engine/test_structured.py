@@ -220,29 +220,29 @@ async def test_greedy_constrained_output_is_the_same_with_overlap_on_and_off(mon
     assert texts[None] == texts[2] == texts[3] == texts["late"]
 
 
-async def test_automaton_constrained_outputs_validate_and_match_with_overlap_on_and_off(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """``ASERVE_GRAMMAR_FSM=1``: specs in aserve.sampling.fsm's subset are constrained by a token
-    automaton once it is built; greedy and seeded outputs validate and serial mode draws the
-    same tokens."""
+async def test_automaton_constrained_outputs_are_llguidances_token_for_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Specs in aserve.sampling.fsm's subset, constrained by their token automata
+    (``ASERVE_GRAMMAR_FSM=1``; the default on a GPU), give the same tokens as llguidance alone,
+    greedy and seeded (the automaton's masks are llguidance's), with overlap on and off; the
+    outputs validate."""
     from aserve.sampling.fsm import FsmState
 
-    monkeypatch.setenv("ASERVE_GRAMMAR_FSM", "1")
     specs = [StructuredOutputs(json=SCHEMAS[i]) for i in (1, 3, 5, 8)] + [
         StructuredOutputs(choice=("yes", "no", "maybe"))
     ]
     jobs = [(p, _params(spec, seed=k, temperature=0.0 if k % 2 else 1.0)) for k, p in enumerate(PROMPTS)
             for spec in specs]  # fmt: skip
     outs = {}
-    for overlap in (False, True):
+    for fsm, overlap in (("0", True), ("1", False), ("1", True)):
+        monkeypatch.setenv("ASERVE_GRAMMAR_FSM", fsm)
         async with aserve.Engine(model="gemma-3-270m", num_threads=2, overlap=overlap) as eng:
             grammars = eng._admission.grammars
-            assert grammars is not None and grammars.fsms is not None
+            assert grammars is not None and (grammars.fsms is not None) == (fsm == "1")
             await eng.prepare_structured_outputs(*specs)
-            assert all(isinstance(grammars.state(spec), FsmState) for spec in specs)
+            states = [grammars.state(spec) for spec in specs]
+            assert all(isinstance(st, FsmState) == (fsm == "1") for st in states)
             res = await _run_all(eng, jobs)
-            outs[overlap] = [(o.token_ids, o.finish_reason) for o in res]
+            outs[fsm, overlap] = [(o.token_ids, o.finish_reason) for o in res]
             for (_, params), out in zip(jobs, res, strict=True):
                 spec = params.structured_outputs
                 assert spec is not None
@@ -252,7 +252,7 @@ async def test_automaton_constrained_outputs_validate_and_match_with_overlap_on_
                     jsonschema.validate(json.loads(out.text), json.loads(str(spec.json)))
             assert sum(o.finish_reason == "stop" for o in res) >= len(res) // 2
             assert await _settled(eng)
-    assert outs[False] == outs[True]
+    assert outs["0", True] == outs["1", False] == outs["1", True]
 
 
 async def test_the_trace_shows_an_early_samplers_commit_in_two_parts(tmp_path: Any) -> None:

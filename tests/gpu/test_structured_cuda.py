@@ -168,18 +168,18 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
         assert r.finish_reason == o.finish_reason == t.finish_reason == e.finish_reason
 
 
-def test_a_token_automatons_masks_gathered_on_the_device_draw_serial_modes_tokens(
+def test_a_token_automatons_masks_gathered_on_the_device_draw_llguidances_tokens(
     tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ASERVE_GRAMMAR_FSM=1, every row of a greedy step in one automaton (a JSON schema of
-    aserve.sampling.fsm's subset): a split step's masked argmax reads its masks gathered on the
-    device from the automaton's table (``fsm_gathers``), where serial mode without graphs fills
-    them on the host through the sampler. Same tokens; the outputs validate."""
+    """Token automata, on by default on a GPU; every row of a greedy step in one automaton (a
+    JSON schema of aserve.sampling.fsm's subset): a split step's masked argmax reads its masks
+    gathered on the device from the automaton's table (``fsm_gathers``). The reference is
+    llguidance alone (``ASERVE_GRAMMAR_FSM=0``) in serial mode without graphs, filling masks on
+    the host through the sampler. Same tokens; the outputs validate."""
     import json
 
     import jsonschema
 
-    monkeypatch.setenv("ASERVE_GRAMMAR_FSM", "1")
     schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99},
               "ok": {"type": "boolean"}}, "required": ["n", "ok"], "additionalProperties": False}  # fmt: skip
     spec = StructuredOutputs(json=schema)
@@ -187,6 +187,10 @@ def test_a_token_automatons_masks_gathered_on_the_device_draw_serial_modes_token
             for i in range(20)]  # fmt: skip
 
     async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int]:
+        if graphs:
+            monkeypatch.delenv("ASERVE_GRAMMAR_FSM", raising=False)
+        else:
+            monkeypatch.setenv("ASERVE_GRAMMAR_FSM", "0")
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, debug=True, cuda_graph=graphs) as engine:  # fmt: skip
             await engine.prepare_structured_outputs(spec)

@@ -6,6 +6,7 @@ on the default model's vocabulary."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 from typing import Any
@@ -17,7 +18,7 @@ import torch
 from aserve.bench.mask_fill import _tokenizer
 from aserve.sampling.fsm import FsmState, TokenFSM, build_fsm, int_range_regex, schema_regex, spec_regex
 from aserve.sampling.grammar import Grammars
-from aserve.sampling.masks import MaskFiller, advance_all, allowed_tokens, fill_masks
+from aserve.sampling.masks import GrammarState, MaskFiller, advance_all, allowed_tokens, fill_masks
 from aserve.sampling_params import StructuredOutputs
 
 # In the subset (each has a regex); the test module's engine schemas 2, 4, 6 and 9 among them.
@@ -42,8 +43,9 @@ def test_an_integer_range_regex_matches_exactly_the_range(lo: int, hi: int) -> N
     rx = re.compile(int_range_regex(lo, hi))
     for x in range(min(lo, 0) - 150, max(hi, 0) + 150):
         assert bool(rx.fullmatch(str(x))) == (lo <= x <= hi), (lo, hi, x)
-    for text in ("-0", "00", "01", "007", "+1", ""):
+    for text in ("00", "01", "007", "+1", "-00", ""):
         assert not rx.fullmatch(text)
+    assert bool(rx.fullmatch("-0")) == (lo < 0 <= hi)  # JSON's -0, where llguidance allows it
 
 
 def test_schemas_outside_the_subset_stay_with_llguidance() -> None:
@@ -68,58 +70,99 @@ def vocab() -> tuple[Any, Grammars]:
     return tok, Grammars(tok, tok.vocab_size, filler=MaskFiller("serial"), fsm=False)
 
 
-def _fsm(tok: Any, regex: str) -> TokenFSM:
+def _judge(grammars: Grammars, spec: StructuredOutputs) -> GrammarState:
+    """llguidance's state for ``spec`` at its start (the reference)."""
+    return grammars.state(spec, MaskFiller("serial"), cached=False)
+
+
+def _fsm(tok: Any, grammars: Grammars, spec: StructuredOutputs, regex: str | None = None) -> TokenFSM | None:
+    """``spec``'s automaton (of ``regex`` if given) with llguidance's masks, as an engine builds it."""
     special = [i for i in range(tok.vocab_size) if tok.is_special(i)]
-    fsm = build_fsm(regex, tok.token_bytes(), special, list(tok.eos_token_ids), tok.vocab_size)
-    assert fsm is not None
-    return fsm
+    regex = spec_regex(spec) if regex is None else regex
+    assert regex is not None
+    judge = _judge(grammars, spec)
+    return build_fsm(regex, tok.token_bytes(), special, list(tok.eos_token_ids), tok.vocab_size, judge)
 
 
-def _allowed(state: FsmState) -> torch.Tensor:
+def _allowed(state: GrammarState) -> torch.Tensor:
     return allowed_tokens(fill_masks([state]), state.vocab_size)[0].nonzero().flatten()
+
+
+def _walk(tok: Any, fsm: TokenFSM, judge: GrammarState, seed: int, pick: Any, steps: int = 400) -> bytes:
+    """Walk ``fsm`` and llguidance's ``judge`` side by side, ``pick(rng, step, allowed ids)``
+    choosing each token; at every step both masks must be equal, bit for bit. The text walked."""
+    rng = random.Random(seed)
+    state = FsmState(fsm, tok.vocab_size)
+    token_bytes, eos = tok.token_bytes(), set(tok.eos_token_ids)
+    text = b""
+    for step in range(steps):
+        assert state.done == judge.done, text
+        if state.done:
+            break
+        ours, theirs = fill_masks([state]), fill_masks([judge])
+        assert torch.equal(ours, theirs), (text, sorted(token_bytes[t] for t in allowed_tokens(theirs ^ ours, tok.vocab_size)[0].nonzero().flatten().tolist())[:8])  # fmt: skip
+        ids = _allowed(state).tolist()
+        assert ids, "a state that allows nothing"
+        token = pick(rng, step, ids)
+        assert judge.advance(token), (text, token_bytes[token], judge.error)
+        assert state.advance(token) and not state.error
+        if token in eos:
+            break
+        text += token_bytes[token]
+    assert state.done and judge.done, text
+    return text
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("which", range(len(SCHEMAS)))
-def test_walks_through_a_schemas_automaton_validate_and_llguidance_accepts_every_token(
+def test_walks_through_a_schemas_automaton_give_llguidances_masks_and_valid_json(
     vocab: tuple[Any, Grammars], which: int
 ) -> None:
     tok, grammars = vocab
     schema = SCHEMAS[which]
-    regex = schema_regex(schema)
-    assert regex is not None
-    fsm = _fsm(tok, regex)
     spec = StructuredOutputs(json=schema)
-    token_bytes = tok.token_bytes()
+    fsm = _fsm(tok, grammars, spec)
+    assert fsm is not None
     eos = set(tok.eos_token_ids)
+
+    def pick(rng: random.Random, step: int, ids: list[int]) -> int:
+        # Short outputs: take an end-of-sequence token where one is allowed, half the time.
+        ends = [t for t in ids if t in eos]
+        return ends[0] if ends and rng.random() < 0.5 else rng.choice(ids)
+
     for walk in range(6):
-        rng = random.Random(walk)
-        state = FsmState(fsm, tok.vocab_size)
-        judge = grammars.state(spec, MaskFiller("serial"), cached=False)  # llguidance
-        text = b""
-        for _ in range(400):
-            if state.done:
-                break
-            ids = _allowed(state).tolist()
-            assert ids, "a state that allows nothing"
-            # Short outputs: take an end-of-sequence token where one is allowed, half the time.
-            ends = [t for t in ids if t in eos]
-            token = ends[0] if ends and rng.random() < 0.5 else rng.choice(ids)
-            assert judge.advance(token), (walk, text, token_bytes[token], judge.error)
-            assert state.advance(token) and not state.error
-            if token in eos:
-                break
-            text += token_bytes[token]
-        assert state.done and judge.done, (walk, text)
+        text = _walk(tok, fsm, _judge(grammars, spec), walk, pick)
         jsonschema.validate(json.loads(text), schema)
 
 
+@pytest.mark.parametrize("lo,hi", [(0, 9), (-50, 50), (-5, 0), (-123, -7)])
+def test_an_integer_ranges_automaton_has_llguidances_masks(vocab: tuple[Any, Grammars], lo: int, hi: int) -> None:
+    """Built, that is: llguidance allows nothing the range's regex leaves out (``-0`` where the
+    range holds 0 and a negative, as llguidance allows it), and walks see the same masks."""
+    tok, grammars = vocab
+    spec = StructuredOutputs(json={"type": "integer", "minimum": lo, "maximum": hi})
+    fsm = _fsm(tok, grammars, spec)
+    assert fsm is not None
+    for walk in range(4):
+        _walk(tok, fsm, _judge(grammars, spec), walk, lambda rng, step, ids: rng.choice(ids))
+
+
+def test_an_automaton_narrower_than_its_grammar_is_not_used(vocab: tuple[Any, Grammars]) -> None:
+    tok, grammars = vocab
+    spec = StructuredOutputs(json={"type": "integer", "minimum": 0, "maximum": 99})
+    assert _fsm(tok, grammars, spec) is not None
+    assert _fsm(tok, grammars, spec, regex=int_range_regex(0, 9)) is None  # llguidance allows "10"
+    choice = StructuredOutputs(choice=["red", "green"])
+    assert _fsm(tok, grammars, choice, regex="(red|gre)") is None
+
+
 def test_a_choices_automaton_and_its_state(vocab: tuple[Any, Grammars]) -> None:
-    tok, _ = vocab
+    tok, grammars = vocab
     spec = StructuredOutputs(choice=["red", "green", "a.b"])
     regex = spec_regex(spec)
     assert regex is not None and re.fullmatch(regex, "a.b") and not re.fullmatch(regex, "axb")
-    fsm = _fsm(tok, regex)
+    fsm = _fsm(tok, grammars, spec)
+    assert fsm is not None
     state = FsmState(fsm, tok.vocab_size)
     token_bytes = tok.token_bytes()
     first = {token_bytes[t] for t in _allowed(state).tolist()}
@@ -159,20 +202,16 @@ def test_grammars_hand_out_automaton_states_once_built_and_mixed_steps_advance(v
     assert grammars.fsms is not None and grammars.fsms.wait(fsm_spec, timeout=300) is not None
     states = [grammars.state(fsm_spec), grammars.state(other), first]
     assert isinstance(states[0], FsmState) and not isinstance(states[1], FsmState)
+    # The same place, the same mask: where the grammar forces '{"answer": "', llguidance
+    # allows only the forced text's own first token, and so does the automaton's state.
     masks = fill_masks(states)
-    # The same state: llguidance allows only the forced "{"'s own token, the automaton every
-    # token the text may start with.
-    token_bytes = tok.token_bytes()
-    ours = {token_bytes[t] for t in _allowed(states[0]).tolist()}
-    assert b"{" in ours and all(b'{"answer": "'.startswith(b) for b in ours)
-    assert torch.equal(masks[2] & ~masks[0], torch.zeros_like(masks[2]))
-    open_brace = _greedy_ids(tok.token_bytes(), b"{")[0]
+    assert torch.equal(masks[0], masks[2]) and len(_allowed(states[0])) == 1
+    forced = _allowed(states[0]).tolist()
     digit = _greedy_ids(tok.token_bytes(), b"7")[0]
-    assert advance_all(states, [open_brace, digit, open_brace]) == [True, True, True]
-    after = {token_bytes[t] for t in _allowed(states[0]).tolist()}
-    assert b'"' in after and all(b'"answer": "'.startswith(b) for b in after)
+    assert advance_all(states, [forced[0], digit, forced[0]]) == [True, True, True]
     masks = fill_masks(states)
-    assert torch.equal(masks[2] & ~masks[0], torch.zeros_like(masks[2]))
+    assert torch.equal(masks[0], masks[2])
+    assert not states[0].advance(digit) and "not allowed" in states[0].error
 
 
 def _schemas(depth: int = 2) -> Any:
@@ -215,44 +254,39 @@ def _schemas(depth: int = 2) -> Any:
 
 
 @pytest.mark.slow
-def test_random_schemas_of_the_subset_walk_to_valid_json_that_llguidance_accepts(vocab: tuple[Any, Grammars]) -> None:
+def test_random_schemas_of_the_subset_walk_to_valid_json_with_llguidances_masks(vocab: tuple[Any, Grammars]) -> None:
     """Hypothesis writes schemas of the subset (nested arrays and closed objects of bounded
-    integers, enums, booleans, null and bounded strings); random walks through each automaton
-    end in JSON that ``jsonschema`` validates, and llguidance, compiling the same schema, accepts
-    every token on the way."""
+    integers, enums, booleans, null and strings); each automaton is built (llguidance allows
+    nothing its regex leaves out), random walks through it see llguidance's masks at every
+    step, and end in JSON that ``jsonschema`` validates."""
     from hypothesis import HealthCheck, given, settings
 
     tok, grammars = vocab
     token_bytes = tok.token_bytes()
     eos = set(tok.eos_token_ids)
 
-    @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    def pick(rng: random.Random, step: int, ids: list[int]) -> int:
+        # Toward short outputs: an end where allowed, else mostly single-byte tokens, and after
+        # a while a closing quote, bracket or brace where one is allowed.
+        ends = [t for t in ids if t in eos]
+        short = [t for t in ids if len(token_bytes[t]) == 1] or ids
+        closing = [t for t in short if token_bytes[t] in (b'"', b"]", b"}")] if step > 40 else []
+        return ends[0] if ends else rng.choice(closing or (short if rng.random() < 0.8 else ids))
+
+    @settings(
+        max_examples=int(os.environ.get("FSM_EXAMPLES", "12")),
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=list(HealthCheck),
+    )
     @given(_schemas())
     def check(schema: dict[str, Any]) -> None:
-        regex = schema_regex(schema)
-        assert regex is not None, schema
-        fsm = _fsm(tok, regex)
+        assert schema_regex(schema) is not None, schema
         spec = StructuredOutputs(json=schema)
+        fsm = _fsm(tok, grammars, spec)
+        assert fsm is not None, schema
         for walk in range(3):
-            rng = random.Random(walk)
-            state, judge = FsmState(fsm, tok.vocab_size), grammars.state(spec, MaskFiller("serial"), cached=False)
-            text = b""
-            for step in range(300):
-                if state.done:
-                    break
-                ids = _allowed(state).tolist()
-                ends = [t for t in ids if t in eos]
-                # Toward short outputs: an end where allowed, else mostly single-byte tokens,
-                # and after a while a closing quote, bracket or brace where one is allowed.
-                short = [t for t in ids if len(token_bytes[t]) == 1] or ids
-                closing = [t for t in short if token_bytes[t] in (b'"', b"]", b"}")] if step > 40 else []
-                token = ends[0] if ends else rng.choice(closing or (short if rng.random() < 0.8 else ids))
-                assert judge.advance(token), (schema, text, token_bytes[token], judge.error)
-                assert state.advance(token)
-                if token in eos:
-                    break
-                text += token_bytes[token]
-            assert state.done, (schema, text)
+            text = _walk(tok, fsm, _judge(grammars, spec), walk, pick, steps=300)
             jsonschema.validate(json.loads(text), schema)
 
     check()
@@ -265,12 +299,19 @@ def test_an_engine_keeps_a_bounded_number_of_automata(
 
     monkeypatch.setattr(fsm_mod, "MAX_AUTOMATA", 2)
     tok, _ = vocab
-    builds = fsm_mod.FsmBuilds(tok, tok.vocab_size)
+    grammars = Grammars(tok, tok.vocab_size, filler=MaskFiller("serial"), fsm=True)
+    assert grammars.fsms is not None
+
+    def built(spec: StructuredOutputs) -> TokenFSM | None:
+        grammars.build_automaton(spec)
+        assert grammars.fsms is not None
+        return grammars.fsms.wait(spec, timeout=300)
+
     specs = [StructuredOutputs(choice=(f"x{i}", f"y{i}")) for i in range(3)]
-    built = [builds.wait(spec, timeout=300) for spec in specs]
-    assert all(b is not None for b in built)
-    assert builds.get(specs[2]) is built[2] and builds.get(specs[1]) is built[1]
-    assert builds.get(specs[0]) is None  # dropped: built again if asked again
-    assert builds.wait(specs[0], timeout=300) is not None
-    assert builds.get(specs[2]) is None  # now the least recently asked for
-    assert builds.wait(StructuredOutputs(regex="a+"), timeout=1) is None  # not an automaton's spec
+    got = [built(spec) for spec in specs]
+    assert all(b is not None for b in got)
+    assert grammars.state(specs[2]).fsm is got[2] and grammars.state(specs[1]).fsm is got[1]
+    assert grammars.state(specs[0]).fsm is None  # dropped: queued again when asked again
+    assert grammars.fsms.wait(specs[0], timeout=300) is not None
+    assert grammars.state(specs[2]).fsm is None  # now the least recently asked for
+    assert built(StructuredOutputs(regex="a+")) is None  # not an automaton's spec
