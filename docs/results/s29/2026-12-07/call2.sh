@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 29, call 1 (issue 16): token automata whose masks are llguidance's, on by default on a
+# Session 29, call 2 (issue 16): token automata whose masks are llguidance's, on by default on a
 # GPU. First the structured CUDA tests (the gather's tokens against llguidance alone in serial
 # mode among them), then the structured bench taking turns: D (the defaults: automata) and L
 # (ASERVE_GRAMMAR_FSM=0: llguidance alone, the code before this session's default).
