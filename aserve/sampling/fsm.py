@@ -52,7 +52,7 @@ log = get_logger("aserve.grammar")
 # walk that builds them slow): the grammar stays with llguidance.
 MAX_STATES = 20_000
 
-# Automata an engine keeps (a schema's with strings holds ~255k moves a string state).
+# Automata an engine keeps.
 MAX_AUTOMATA = 64
 # The longest bounded string written as an automaton.
 MAX_STRING = 64
@@ -240,23 +240,31 @@ class TokenFSM:
 
     ``stops`` holds the states where llguidance's matcher stopped (nothing may follow)."""
 
-    def __init__(self, index: Any, vocab_size: int, eos: Sequence[int], index_eos: int, judge: GrammarState) -> None:
-        self.index = index
+    def __init__(self, index: Any, moves: dict[int, dict[int, int]], vocab_size: int, eos: Sequence[int],
+                 index_eos: int, judge: GrammarState) -> None:  # fmt: skip
+        """``moves``: ``index.get_transitions()``. Of them only the moves llguidance allows are
+        kept, and those compactly (a state's most common destination, then the exceptions):
+        a string's state has a move for nearly every token, almost all back to itself, and
+        outlines-core's index holds each (the index itself is not kept)."""
         self.initial = int(index.get_initial_state())
         self.eos = frozenset(eos)
         words = mask_words(vocab_size)
-        moves = index.get_transitions()
         table: dict[bytes, int] = {}
         rows: list[np.ndarray] = []
         self.rows: dict[int, int] = {}
         self.stops: set[int] = set()
+        self._default: dict[int, int] = {}  # a state's most common destination
+        self._moves: dict[int, dict[int, int]] = {}  # its allowed tokens going elsewhere
         todo = [(self.initial, judge.matcher)]
         reached = {self.initial}
         while todo:
             state, matcher = todo.pop()
             theirs = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)[:words]
             out = moves.get(state, {})
-            ids = np.fromiter((t for t in out if t != index_eos), dtype=np.int64)
+            ids = np.fromiter(out.keys(), dtype=np.int64, count=len(out))
+            dest = np.fromiter(out.values(), dtype=np.int64, count=len(out))
+            keep = ids != index_eos
+            ids, dest = ids[keep], dest[keep]
             ours = np.zeros(words * 32, dtype=bool)
             ours[ids] = True
             if index.is_final_state(state):
@@ -270,10 +278,16 @@ class TokenFSM:
             if matcher.is_stopped():
                 self.stops.add(state)
                 continue
+            allowed = (theirs[ids >> 5] >> (ids & 31)) & 1 == 1
+            ids, dest = ids[allowed], dest[allowed]
+            if not len(ids):
+                continue
+            self._default[state] = common = int(np.bincount(dest).argmax())
+            odd = dest != common
+            self._moves[state] = dict(zip(ids[odd].tolist(), dest[odd].tolist(), strict=True))
             # One token llguidance allows into each state not yet reached.
-            allowed = ids[(theirs[ids >> 5] >> (ids & 31)) & 1 == 1]
-            for token in allowed.tolist():
-                nxt = int(out[token])
+            targets, first = np.unique(dest, return_index=True)
+            for nxt, token in zip(targets.tolist(), ids[first].tolist(), strict=True):
                 if nxt not in reached:
                     reached.add(nxt)
                     after = matcher.deep_copy()
@@ -304,7 +318,7 @@ class TokenFSM:
 
     def next_state(self, state: int, token: int) -> int:
         """The state after ``token`` (one :meth:`allows`, not an end-of-sequence token)."""
-        return int(self.index.get_next_state(state, token))
+        return self._moves[state].get(token, self._default[state])
 
     def mask_ptr(self, state: int) -> int:
         """The address of ``state``'s mask row (``masks`` is contiguous and kept)."""
@@ -348,11 +362,12 @@ def build_fsm(regex: str, token_bytes: Sequence[bytes], special: Sequence[int], 
     except Exception as exc:  # outside outlines-core's syntax or too large for it
         log.info("grammar_fsm_unbuilt", error=repr(exc))
         return None
-    if len(index.get_transitions()) > MAX_STATES:
-        log.info("grammar_fsm_too_large", states=len(index.get_transitions()))
+    moves = index.get_transitions()
+    if len(moves) > MAX_STATES:
+        log.info("grammar_fsm_too_large", states=len(moves))
         return None
     try:
-        return TokenFSM(index, vocab_size, eos, index_eos, judge)
+        return TokenFSM(index, moves, vocab_size, eos, index_eos, judge)
     except Unequal as exc:
         log.info("grammar_fsm_unequal", error=str(exc), token=bytes(token_bytes[exc.token])[:32])
         return None
