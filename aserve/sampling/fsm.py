@@ -52,8 +52,10 @@ log = get_logger("aserve.grammar")
 # walk that builds them slow): the grammar stays with llguidance.
 MAX_STATES = 20_000
 
-# Automata an engine keeps.
+# Automata an engine keeps, builds that may wait, and spec keys remembered to have none.
 MAX_AUTOMATA = 64
+MAX_QUEUED = 8
+MAX_WITHOUT = 1024
 # The longest bounded string written as an automaton.
 MAX_STRING = 64
 
@@ -240,12 +242,12 @@ class TokenFSM:
 
     ``stops`` holds the states where llguidance's matcher stopped (nothing may follow)."""
 
-    def __init__(self, index: Any, moves: dict[int, dict[int, int]], vocab_size: int, eos: Sequence[int],
-                 index_eos: int, judge: GrammarState) -> None:  # fmt: skip
-        """``moves``: ``index.get_transitions()``. Of them only the moves llguidance allows are
-        kept, and those compactly (a state's most common destination, then the exceptions):
-        a string's state has a move for nearly every token, almost all back to itself, and
-        outlines-core's index holds each (the index itself is not kept)."""
+    def __init__(self, index: Any, vocab_size: int, eos: Sequence[int], index_eos: int, judge: GrammarState) -> None:
+        """Only the moves llguidance allows are kept, and those compactly (a state's most common
+        destination, then the exceptions): a string's state has a move for nearly every token,
+        almost all back to itself, and outlines-core's index holds each (it is not kept). The
+        index is read a state at a time (``index.get_transitions()`` holds the GIL for the
+        whole table: ~0.6 s for a small object schema, during which the event loop waits)."""
         self.initial = int(index.get_initial_state())
         self.eos = frozenset(eos)
         words = mask_words(vocab_size)
@@ -260,11 +262,8 @@ class TokenFSM:
         while todo:
             state, matcher = todo.pop()
             theirs = np.frombuffer(matcher.compute_bitmask(), dtype=np.int32)[:words]
-            out = moves.get(state, {})
-            ids = np.fromiter(out.keys(), dtype=np.int64, count=len(out))
-            dest = np.fromiter(out.values(), dtype=np.int64, count=len(out))
-            keep = ids != index_eos
-            ids, dest = ids[keep], dest[keep]
+            ids = np.asarray(index.get_allowed_tokens(state), dtype=np.int64)
+            ids = ids[ids != index_eos]
             ours = np.zeros(words * 32, dtype=bool)
             ours[ids] = True
             if index.is_final_state(state):
@@ -278,17 +277,19 @@ class TokenFSM:
             if matcher.is_stopped():
                 self.stops.add(state)
                 continue
-            allowed = (theirs[ids >> 5] >> (ids & 31)) & 1 == 1
-            ids, dest = ids[allowed], dest[allowed]
+            ids = ids[(theirs[ids >> 5] >> (ids & 31)) & 1 == 1]
             if not len(ids):
                 continue
-            self._default[state] = common = int(np.bincount(dest).argmax())
+            dest = np.fromiter((index.get_next_state(state, t) for t in ids.tolist()), dtype=np.int64, count=len(ids))
+            targets, first, counts = np.unique(dest, return_index=True, return_counts=True)
+            self._default[state] = common = int(targets[counts.argmax()])
             odd = dest != common
             self._moves[state] = dict(zip(ids[odd].tolist(), dest[odd].tolist(), strict=True))
             # One token llguidance allows into each state not yet reached.
-            targets, first = np.unique(dest, return_index=True)
             for nxt, token in zip(targets.tolist(), ids[first].tolist(), strict=True):
                 if nxt not in reached:
+                    if len(reached) >= MAX_STATES:
+                        raise TooLarge(len(reached))
                     reached.add(nxt)
                     after = matcher.deep_copy()
                     if not after.consume_token(token):
@@ -334,6 +335,10 @@ class Unequal(Exception):
         self.state, self.token = state, token
 
 
+class TooLarge(Exception):
+    """The automaton reaches more than :data:`MAX_STATES` states."""
+
+
 def _first_bit(words: np.ndarray) -> int:
     word = int(np.flatnonzero(words)[0])
     return word * 32 + (int(words[word]) & -int(words[word])).bit_length() - 1
@@ -341,7 +346,7 @@ def _first_bit(words: np.ndarray) -> int:
 
 def _pack(bits: np.ndarray) -> np.ndarray:
     """[words * 32] bools -> [words] int32, bit ``t % 32`` of word ``t // 32`` for token t."""
-    return np.packbits(bits.reshape(-1, 32), axis=1, bitorder="little").view(np.int32).ravel()
+    return np.packbits(bits.reshape(-1, 32), axis=1, bitorder="little").view("<i4").ravel()
 
 
 def build_fsm(regex: str, token_bytes: Sequence[bytes], special: Sequence[int], eos: Sequence[int], vocab_size: int, judge: GrammarState) -> TokenFSM | None:  # fmt: skip
@@ -362,15 +367,13 @@ def build_fsm(regex: str, token_bytes: Sequence[bytes], special: Sequence[int], 
     except Exception as exc:  # outside outlines-core's syntax or too large for it
         log.info("grammar_fsm_unbuilt", error=repr(exc))
         return None
-    moves = index.get_transitions()
-    if len(moves) > MAX_STATES:
-        log.info("grammar_fsm_too_large", states=len(moves))
-        return None
     try:
-        return TokenFSM(index, moves, vocab_size, eos, index_eos, judge)
+        return TokenFSM(index, vocab_size, eos, index_eos, judge)
     except Unequal as exc:
         log.info("grammar_fsm_unequal", error=str(exc), token=bytes(token_bytes[exc.token])[:32])
-        return None
+    except TooLarge as exc:
+        log.info("grammar_fsm_too_large", states=exc.args[0])
+    return None
 
 
 class FsmState(GrammarState):
@@ -401,16 +404,19 @@ class FsmState(GrammarState):
 class FsmBuilds:
     """A :class:`Grammars`' automata by spec key: built one at a time on a daemon thread (a
     build walks the vocabulary once a state on one core) from a key's first request; None while
-    waiting or building, or where the spec has none. At most :data:`MAX_AUTOMATA` keys are
-    kept, the least recently asked for dropped first (requests keep the automaton they hold)."""
+    queued or building, or where the spec has none. At most :data:`MAX_AUTOMATA` automata are
+    kept, the least recently asked for dropped first (requests keep the automaton they hold);
+    at most :data:`MAX_QUEUED` builds wait (a spec asked for beyond them is asked again by its
+    next request); the keys without one are remembered apart (:data:`MAX_WITHOUT`)."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int) -> None:
         self._tokenizer, self._vocab_size = tokenizer, vocab_size
         self._vocab: tuple[list[bytes], list[int], list[int]] | None = None  # bytes, special, eos: at the first build
-        self._fsms: OrderedDict[tuple[str, str], TokenFSM | None] = OrderedDict()
-        self._done: dict[tuple[str, str], threading.Event] = {}
+        self._fsms: OrderedDict[tuple[str, str], TokenFSM] = OrderedDict()
+        self._without: OrderedDict[tuple[str, str], None] = OrderedDict()  # outside the subset, unbuilt or refused
+        self._pending: dict[tuple[str, str], threading.Event] = {}  # queued or building
         self._lock = threading.Lock()
-        self._queue: queue.SimpleQueue[tuple[tuple[str, str], str, GrammarState, threading.Event]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[tuple[str, str], str, GrammarState]] = queue.SimpleQueue()
         self._worker: threading.Thread | None = None
 
     def get(self, spec: StructuredOutputs, judge: Callable[[], GrammarState]) -> TokenFSM | None:
@@ -421,36 +427,40 @@ class FsmBuilds:
             if key in self._fsms:
                 self._fsms.move_to_end(key)
                 return self._fsms[key]
-            if key in self._done:  # queued or building
+            if key in self._without or key in self._pending or len(self._pending) >= MAX_QUEUED:
                 return None
             regex = spec_regex(spec)
-            self._done[key] = done = threading.Event()
             if regex is None:
-                self._keep(key, None)
-                done.set()
+                self._none(key)
                 return None
-            self._queue.put((key, regex, judge(), done))
+            try:
+                state = judge()
+            except Exception as exc:  # the request itself meets this error at admission
+                log.warning("grammar_fsm_failed", error=repr(exc))
+                self._none(key)
+                return None
+            self._pending[key] = threading.Event()
+            self._queue.put((key, regex, state))
             if self._worker is None:
                 self._worker = threading.Thread(target=self._work, daemon=True, name="aserve-fsm")
                 self._worker.start()
         return None
 
     def wait(self, spec: StructuredOutputs, timeout: float | None = None) -> TokenFSM | None:
-        """The spec's automaton once its build ends (None if it has none or was never asked
-        for: see :meth:`get`)."""
+        """The spec's automaton once its build ends (None if it has none or was not queued:
+        see :meth:`get`)."""
         with self._lock:
-            done = self._done.get(spec.key)
-        if done is not None:
-            done.wait(timeout)
+            pending = self._pending.get(spec.key)
+        if pending is not None:
+            pending.wait(timeout)
         with self._lock:
             return self._fsms.get(spec.key)
 
-    def _keep(self, key: tuple[str, str], fsm: TokenFSM | None) -> None:
-        """Under the lock: ``key``'s result kept, the oldest dropped past :data:`MAX_AUTOMATA`."""
-        self._fsms[key] = fsm
-        while len(self._fsms) > MAX_AUTOMATA:
-            old, _ = self._fsms.popitem(last=False)
-            del self._done[old]
+    def _none(self, key: tuple[str, str]) -> None:
+        """Under the lock: ``key`` has no automaton (the oldest forgotten past :data:`MAX_WITHOUT`)."""
+        self._without[key] = None
+        while len(self._without) > MAX_WITHOUT:
+            self._without.popitem(last=False)
 
     def _vocabulary(self) -> tuple[list[bytes], list[int], list[int]]:
         if self._vocab is None:  # only the worker thread builds
@@ -461,16 +471,22 @@ class FsmBuilds:
 
     def _work(self) -> None:
         while True:
-            key, regex, judge, done = self._queue.get()
+            key, regex, judge = self._queue.get()
             t0 = time.perf_counter()
             try:
                 fsm = build_fsm(regex, *self._vocabulary(), vocab_size=self._vocab_size, judge=judge)
             except Exception as exc:  # kept with llguidance
                 log.warning("grammar_fsm_failed", error=repr(exc))
                 fsm = None
+            del judge
             with self._lock:
-                self._keep(key, fsm)
-            done.set()
+                if fsm is None:
+                    self._none(key)
+                else:
+                    self._fsms[key] = fsm
+                    while len(self._fsms) > MAX_AUTOMATA:
+                        self._fsms.popitem(last=False)
+                self._pending.pop(key).set()
             log.info(
                 "grammar_fsm_built",
                 seconds=round(time.perf_counter() - t0, 3),

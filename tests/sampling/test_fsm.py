@@ -315,3 +315,17 @@ def test_an_engine_keeps_a_bounded_number_of_automata(
     assert grammars.fsms.wait(specs[0], timeout=300) is not None
     assert grammars.state(specs[2]).fsm is None  # now the least recently asked for
     assert built(StructuredOutputs(regex="a+")) is None  # not an automaton's spec
+    assert grammars.fsms.wait(specs[2], timeout=300) is not None  # queued again just above
+    vw = StructuredOutputs(choice=("v", "w"))
+    assert built(vw) is not None  # specs[2]'s and vw's kept now
+    # Specs without an automaton do not push the built ones out.
+    for i in range(4):
+        assert built(StructuredOutputs(regex=f"b{i}+")) is None
+    assert grammars.state(specs[2]).fsm is not None and grammars.state(vw).fsm is not None
+
+    def broken() -> GrammarState:
+        raise RuntimeError("no matcher")
+
+    # A judge that fails leaves the spec without an automaton, and nothing waits on it.
+    assert grammars.fsms.get(StructuredOutputs(choice=("p", "q")), broken) is None
+    assert grammars.fsms.wait(StructuredOutputs(choice=("p", "q"))) is None
