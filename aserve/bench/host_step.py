@@ -3,6 +3,7 @@
     python -m aserve.bench.host_step --out host_step.json [--batches 64,256,512]
     python -m aserve.bench.host_step --mixed --out host_mixed.json   # W1-like mixed steps
     python -m aserve.bench.host_step --constrained --out host_json.json  # a JSON schema's rows (commit: advance + rest)
+    python -m aserve.bench.host_step --constrained --automata --out host_fsm.json  # the same rows by its token automaton
 
 One steady greedy decode step is, on the host: ``Scheduler.schedule()`` (plan),
 ``build_inputs`` on the CUDA-graph fast path plus the step's snapshot of its sequences
@@ -242,6 +243,11 @@ def main() -> None:
         "--fill", default=None, help="with --constrained: the mask fill (serial, executor:N; default: the engine's)"
     )
     ap.add_argument(
+        "--automata",
+        action="store_true",
+        help="with --constrained: the schema's token automaton, built before the steps (a GPU engine's default)",
+    )
+    ap.add_argument(
         "--tokenizer-dir", default=None, help="with --constrained: a tokenizer directory instead of the default GGUF's"
     )
     args = ap.parse_args()
@@ -267,7 +273,11 @@ def main() -> None:
 
         tok = _tokenizer(args.tokenizer_dir)
         filler = MaskFiller(args.fill) if args.fill else MaskFiller.for_device("cuda")
-        grammars = Grammars(tok, tok.vocab_size, filler=filler)
+        grammars = Grammars(tok, tok.vocab_size, filler=filler, fsm=args.automata)
+        if grammars.fsms is not None:
+            spec = StructuredOutputs(json=STRUCTURED_BENCH_SCHEMA)
+            grammars.build_automaton(spec)
+            assert grammars.fsms.wait(spec) is not None, "the bench schema's automaton was not built"
 
     async def run() -> list[dict[str, Any]]:  # steps carry awaitables: build them on a loop
         return [bench_batch(int(b), args.steps, grammars=grammars) for b in args.batches.split(",")]

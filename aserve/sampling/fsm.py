@@ -296,7 +296,10 @@ class TokenFSM:
                         raise Unequal(state, token)
                     todo.append((nxt, after))
         self.masks = torch.from_numpy(np.stack(rows))
-        self._bits = self.masks.numpy()
+        # Each state's mask as bytes (bit t % 8 of byte t // 8 on little-endian rows): an
+        # advance (FsmState.advance) reads one byte instead of indexing the array.
+        by_row = [row.tobytes() for row in rows]
+        self._bytes = {state: by_row[row] for state, row in self.rows.items()}
         self.row_bytes = words * 4
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
@@ -312,14 +315,6 @@ class TokenFSM:
             ones = torch.full((1, self.masks.shape[1]), -1, dtype=torch.int32)
             table = self._on_device[device] = torch.cat([self.masks, ones]).to(device)
         return table
-
-    def allows(self, state: int, token: int) -> bool:
-        """Whether ``state``'s mask allows ``token``."""
-        return bool((int(self._bits[self.rows[state], token >> 5]) >> (token & 31)) & 1)
-
-    def next_state(self, state: int, token: int) -> int:
-        """The state after ``token`` (one :meth:`allows`, not an end-of-sequence token)."""
-        return self._moves[state].get(token, self._default[state])
 
     def mask_ptr(self, state: int) -> int:
         """The address of ``state``'s mask row (``masks`` is contiguous and kept)."""
@@ -389,16 +384,20 @@ class FsmState(GrammarState):
         self.done = fsm.initial in fsm.stops
 
     def advance(self, token: int) -> bool:
-        fsm = self.fsm
-        assert fsm is not None
-        ok = fsm.allows(self.state, token)
-        if ok and token in fsm.eos:
+        # Per row of every constrained step's commit, so inline: the state's mask allows the
+        # token (its byte), then its destination (the state's exceptions, else its default).
+        fsm: TokenFSM = self.fsm
+        state = self.state
+        if not fsm._bytes[state][token >> 3] >> (token & 7) & 1:
+            self.error = f"token {token} is not allowed here"
+            return False
+        if token in fsm.eos:
             self.done = True
-        elif ok:
-            self.state = fsm.next_state(self.state, token)
-            self.done = self.state in fsm.stops
-        self.error = "" if ok else f"token {token} is not allowed here"
-        return ok
+        else:
+            self.state = state = fsm._moves[state].get(token, fsm._default[state])
+            self.done = state in fsm.stops
+        self.error = ""
+        return True
 
 
 class FsmBuilds:
