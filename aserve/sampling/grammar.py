@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from aserve.errors import InvalidRequestError
 from aserve.logs import get_logger
-from aserve.sampling.fsm import FsmBuilds, FsmState, automata_on
+from aserve.sampling.fsm import FsmBuilds, FsmState, TokenFSM, automata_on
 from aserve.sampling.masks import GrammarState, MaskCache, MaskFiller
 from aserve.sampling_params import StructuredOutputs
 
@@ -204,7 +204,7 @@ class Grammars:
         call alive (llguidance holds only its address)."""
         filler = self.filler if filler is None else filler
         compiled = self._compiled(spec)
-        fsm = None if self.fsms is None else self.fsms.get(spec, lambda: self._judge(compiled))
+        fsm = self._automaton(spec, compiled)
         if fsm is not None:
             return FsmState(fsm, self.vocab_size, filler)
         pooled = filler.kind == "executor" and self.token_table is not None
@@ -219,13 +219,19 @@ class Grammars:
         """Queue ``spec``'s token automaton, if automata are on and it has none yet (its
         grammar compiled first: a bad one raises :class:`InvalidRequestError`)."""
         if self.fsms is not None:
-            compiled = self._compiled(spec)
-            self.fsms.get(spec, lambda: self._judge(compiled))
+            self._automaton(spec, self._compiled(spec))
 
-    def _judge(self, compiled: _Compiled) -> GrammarState:
-        """A fresh state of ``compiled`` for an automaton's build (:class:`TokenFSM`), which
-        keeps the C tokenizer table its matcher calls alive while the build runs."""
-        return GrammarState(self._matcher(compiled, 0), self.vocab_size, token_table=self.token_table)
+    def _automaton(self, spec: StructuredOutputs, compiled: _Compiled) -> TokenFSM | None:
+        """``spec``'s automaton if automata are on and it is built, else None (its build queued
+        with a fresh state of ``compiled`` to judge by, which keeps the C tokenizer table its
+        matcher calls alive while the build runs)."""
+        if self.fsms is None:
+            return None
+
+        def judge() -> GrammarState:
+            return GrammarState(self._matcher(compiled, 0), self.vocab_size, token_table=self.token_table)
+
+        return self.fsms.get(spec, judge)
 
     def _matcher(self, compiled: _Compiled, shard: int) -> Any:
         """A fresh ``llguidance.LLMatcher``: a copy of ``compiled``'s template number ``shard``.

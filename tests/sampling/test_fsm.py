@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from aserve.bench.mask_fill import _tokenizer
-from aserve.sampling.fsm import FsmState, TokenFSM, build_fsm, int_range_regex, schema_regex, spec_regex
+from aserve.sampling.fsm import FsmState, TokenFSM, build_fsm
 from aserve.sampling.grammar import Grammars
 from aserve.sampling.masks import GrammarState, MaskFiller, advance_all, allowed_tokens, fill_masks
+from aserve.sampling.schema_regex import int_range_regex, schema_regex, spec_regex
 from aserve.sampling_params import StructuredOutputs
 
 # In the subset (each has a regex); the test module's engine schemas 2, 4, 6 and 9 among them.
