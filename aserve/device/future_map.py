@@ -23,11 +23,15 @@ class FutureMap:
         fill = POISON if debug else 0
         self.tokens = torch.full((num_rows,), fill, dtype=torch.int64, device=device)
         self.generations = torch.zeros(num_rows, dtype=torch.int64, device=device)
+        # Each row's token-automaton state, where the step that drew its token left it
+        # (aserve.device.automata): the next step's masks are read from it on the device.
+        self.states = torch.zeros(num_rows, dtype=torch.int64, device=device)
 
     def release(self) -> None:
         """The engine closed: drop the device tensors."""
         self.tokens = self.tokens.new_empty(0)
         self.generations = self.generations.new_empty(0)
+        self.states = self.states.new_empty(0)
 
     def publish(self, rows: torch.Tensor, tokens: torch.Tensor, generations: torch.Tensor) -> None:
         # rows, tokens, generations: [N] on the device

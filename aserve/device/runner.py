@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from aserve.attention.metadata import AttentionMetadata
+from aserve.device.automata import AutomatonRows, automata_on_device, plan_automata
 from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
 from aserve.device.extend_graphs import ExtendGraphs
@@ -73,6 +74,8 @@ class ModelRunner:
         self.split_steps = 0  # steps launched in two (constrained rows' masks filled later)
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
         self.fsm_gathers = 0  # masked-argmax steps whose masks a token automaton gathered on the device
+        self.fsm_device_steps = 0  # steps launched whole, their rows' automaton states on the device
+        self.automata_on_device = automata_on_device()  # aserve.device.automata
         self._fsm_row_buf: torch.Tensor | None = None
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
@@ -137,14 +140,19 @@ class ModelRunner:
         t0 = time.perf_counter()
         if host.sampling is None:
             self.fast_graph_steps += 1
-        defer = defer_masks and bool(host.grammar_states)
+        auto = None
+        if host.grammar_states:
+            # Rows all in token automata whose states the device holds or the host knows:
+            # launched whole (aserve.device.automata), never split.
+            auto = plan_automata(plan, host, self.device) if self.automata_on_device else None
+        defer = defer_masks and bool(host.grammar_states) and auto is None
         self.split_steps += defer
         index = self._index
         self._index += 1
         if self.is_cuda:
-            step = self._launch_cuda(index, plan, host, defer)
+            step = self._launch_cuda(index, plan, host, defer, auto)
         else:
-            step = self._launch_cpu(index, plan, host, defer)
+            step = self._launch_cpu(index, plan, host, defer, auto)
         step.launch_time = t0
         step.grammar_rows = host.grammar_rows
         step.plan_s = plan_s
@@ -175,6 +183,16 @@ class ModelRunner:
     def _device_work(self, dev: DeviceInputs) -> SampleOutput:
         """Everything between 'inputs on the device' and 'tokens in the FutureMap'."""
         return self._sample_part(self._forward(dev), dev)
+
+    def _automaton_work(self, dev: DeviceInputs, auto: AutomatonRows, packed: torch.Tensor) -> SampleOutput:
+        """:meth:`_device_work` for a step whose constrained rows' masks come from their
+        automata's states on the device, which the draw then moves on (``packed``: ``auto``'s
+        on the device)."""
+        states = self.future_map.states
+        out = self._device_work(_with_masks(dev, auto.masks(packed, dev.rows, states)))
+        auto.advance(out.token_ids, states)
+        self.fsm_device_steps += 1
+        return out
 
     def _sample_part(self, fwd: SampleOutput | _Logits, dev: DeviceInputs) -> SampleOutput:
         """The sampler after :meth:`_forward` (nothing on the greedy graph fast path; a masked
@@ -349,12 +367,13 @@ class ModelRunner:
         idx = dev.fields.sample_idx  # host-built indices: no data-dependent shapes, no sync
         self.future_map.publish(dev.rows[idx], tokens[idx], dev.gens[idx])
 
-    def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
+    def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool, auto: AutomatonRows | None) -> Step:
         stream = self.cpu_stream
         assert stream is not None
-        sbatch = None if host.sampling is None else host.sampling.batch(self.device, masks=not defer)
+        host_masks = not defer and auto is None
+        sbatch = None if host.sampling is None else host.sampling.batch(self.device, masks=host_masks)
         dev = DeviceInputs.from_packed(host.packed, host, sbatch)
-        if host.grammar and not defer:
+        if host.grammar and host_masks:
             dev = _with_masks(dev, fill_masks(host.grammar))
         result: dict[str, Any] = {}
         begin = stream.record(f"step{index}.forward_begin")
@@ -388,14 +407,20 @@ class ModelRunner:
                 sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked))
 
             step.finish_launch = finish
+        elif auto is not None:
+            sample_and_copy(lambda: self._automaton_work(dev, auto, auto.packed))
         else:
             sample_and_copy(lambda: self._device_work(dev))
         return step
 
-    def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool) -> Step:
-        # None: a greedy graph step. Deferred: the grammar rows are known, their masks are not.
-        sbatch_host = None if host.sampling is None else host.sampling.batch("cpu", masks=not defer)
+    def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool, auto: AutomatonRows | None) -> Step:
+        # None: a greedy graph step. Deferred, or their automata on the device: the grammar
+        # rows are known, their masks are not (yet, or on the host).
+        host_masks = not defer and auto is None
+        sbatch_host = None if host.sampling is None else host.sampling.batch("cpu", masks=host_masks)
         uploads = {"packed_i64": host.packed}
+        if auto is not None:
+            uploads["automata"] = auto.packed
         sampling_tensors = {} if sbatch_host is None else sbatch_host.tensors()
         uploads.update({"s." + k: v for k, v in sampling_tensors.items()})
         with on_stream(self.schedule_stream):
@@ -405,7 +430,7 @@ class ModelRunner:
             sbatch = sbatch_host.replace_tensors({k: on_device["s." + k] for k in sampling_tensors})
         dev = DeviceInputs.from_packed(on_device["packed_i64"], host, sbatch)
         mask_keep: list[torch.Tensor] = []
-        if host.grammar and not defer:
+        if host.grammar and host_masks:
             dev = _with_masks(dev, self._upload_masks(index, host.grammar, mask_keep))
         self.forward_stream.wait_stream(self.schedule_stream)
         with on_stream(self.forward_stream):
@@ -414,7 +439,12 @@ class ModelRunner:
             forward_end = self._record(self.forward_stream, f"step{index}.forward_end") if defer else None
         bufs: dict[str, torch.Tensor] = {}
         if fwd is None:
-            out, materialized, copied = self._sample_cuda(index, lambda: self._device_work(dev), bufs, None)
+            if auto is None:
+                work = lambda: self._device_work(dev)  # noqa: E731
+            else:
+                work = lambda: self._automaton_work(dev, auto, on_device["automata"])  # noqa: E731
+                mask_keep += auto.keep()
+            out, materialized, copied = self._sample_cuda(index, work, bufs, None)
             step = self._step(index, plan, begin, materialized, copied, [dev, out, *mask_keep])
         else:
             # Placeholders, recorded by finish_launch(); a watcher may await them before that.

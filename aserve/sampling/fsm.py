@@ -28,7 +28,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -139,6 +139,8 @@ class TokenFSM:
         self._bytes = {state: by_row[row] for state, row in self.rows.items()}
         self.row_bytes = words * 4
         self._on_device: dict[torch.device, torch.Tensor] = {}
+        self.numbers = {state: i for i, state in enumerate(self.rows)}  # its number on the device
+        self._tables: dict[torch.device, DeviceAutomaton] = {}
 
     def row_of(self, state: FsmState) -> int:
         """``state``'s row of :meth:`device_masks`: an ended request's (done or failed) is the
@@ -153,9 +155,72 @@ class TokenFSM:
             table = self._on_device[device] = torch.cat([self.masks, ones]).to(device)
         return table
 
+    def on_device(self, device: torch.device) -> DeviceAutomaton:
+        """The automaton itself on ``device`` (built once, then kept): its states renumbered
+        0..N-1 in the order they were reached, N for an ended request."""
+        tables = self._tables.get(device)
+        if tables is None:
+            tables = self._tables[device] = DeviceAutomaton.build(self, device)
+        return tables
+
+    def dense_of(self, state: FsmState) -> int:
+        """``state``'s number on the device (:meth:`on_device`)."""
+        return len(self.numbers) if state.done or state.error else self.numbers[state.state]
+
     def mask_ptr(self, state: int) -> int:
         """The address of ``state``'s mask row (``masks`` is contiguous and kept)."""
         return int(self.masks.data_ptr()) + self.rows[state] * self.row_bytes
+
+
+class DeviceAutomaton(NamedTuple):
+    """A :class:`TokenFSM` on a device, for a step whose rows' states stay there (the device
+    path, :mod:`aserve.device.automata`): state ``s`` (dense, ``TokenFSM.dense_of``) has the
+    mask ``masks[mask_of[s]]``, and token ``t`` leads it to ``dest[k]`` where
+    ``keys[k] == s * stride + t`` (the exceptions, sorted, then one key past every query), else
+    to ``default[s]``; an end-of-sequence token leads to ``done`` (the last state, like a
+    stop state's, allows every token: :meth:`TokenFSM.row_of`). Only tokens a state's mask
+    allows are ever looked up (a masked draw)."""
+
+    masks: torch.Tensor  # [distinct masks + 1, words] int32 (TokenFSM.device_masks)
+    mask_of: torch.Tensor  # [N + 1] int64
+    default: torch.Tensor  # [N + 1] int64
+    keys: torch.Tensor  # [M + 1] int64, ascending
+    dest: torch.Tensor  # [M + 1] int64
+    eos: torch.Tensor  # [E] int64
+    stride: int
+    done: int
+
+    @classmethod
+    def build(cls, fsm: TokenFSM, device: torch.device) -> DeviceAutomaton:
+        dense, ones = fsm.numbers, len(fsm.masks)
+        done = len(dense)
+        mask_of = [ones if s in fsm.stops else fsm.rows[s] for s in dense] + [ones]
+        default = [dense[fsm._default[s]] if s in fsm._default else i for s, i in dense.items()] + [done]
+        stride = fsm.masks.shape[1] * 32
+        moves = sorted((dense[s] * stride + t, dense[d]) for s, m in fsm._moves.items() for t, d in m.items())
+        moves.append((torch.iinfo(torch.int64).max, done))
+
+        def put(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int64).to(device)
+
+        tables = cls(fsm.device_masks(device), put(mask_of), put(default), put([k for k, _ in moves]),
+                     put([d for _, d in moves]), put(sorted(fsm.eos) or [-1]), stride, done)  # fmt: skip
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)  # once an automaton: the copies are done before any stream reads them
+        return tables
+
+    def masks_of(self, states: torch.Tensor) -> torch.Tensor:
+        """[R] states -> their masks [R, words]."""
+        return self.masks.index_select(0, self.mask_of.index_select(0, states))
+
+    def step(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """[R] states and the tokens drawn there -> the states they lead to."""
+        query = states * self.stride + tokens
+        at = torch.searchsorted(self.keys, query)
+        nxt = torch.where(self.keys.index_select(0, at) == query, self.dest.index_select(0, at),
+                          self.default.index_select(0, states))  # fmt: skip
+        ended = (tokens.unsqueeze(1) == self.eos).any(dim=1)
+        return nxt.masked_fill(ended, self.done)
 
 
 class Unequal(Exception):
@@ -212,13 +277,16 @@ class FsmState(GrammarState):
     """One constrained request's place in a :class:`TokenFSM`: what a :class:`GrammarState`
     is to its commit and fill (``done``, ``error``, :meth:`advance`), with no matcher."""
 
-    __slots__ = ("state",)
+    __slots__ = ("on_device", "state")
 
     def __init__(self, fsm: TokenFSM, vocab_size: int, filler: MaskFiller | None = None) -> None:
         super().__init__(None, vocab_size, filler=filler)
         self.fsm = fsm
         self.state = fsm.initial
         self.done = fsm.initial in fsm.stops
+        # (FutureMap row, generation) whose automaton state on the device the last step that
+        # drew this request's token left there (aserve.device.automata); None: none did.
+        self.on_device: tuple[int | None, int] | None = None
 
     def advance(self, token: int) -> bool:
         # Per row of every constrained step's commit, so inline: the state's mask allows the

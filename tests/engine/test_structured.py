@@ -243,6 +243,9 @@ async def test_automaton_constrained_outputs_are_llguidances_token_for_token(mon
             assert all(isinstance(st, FsmState) == (fsm == "1") for st in states)
             res = await _run_all(eng, jobs)
             outs[fsm, overlap] = [(o.token_ids, o.finish_reason) for o in res]
+            # The automata's steps are launched whole, their states on the device (never split).
+            assert (eng.runner.fsm_device_steps > 0) == (fsm == "1"), eng.runner.fsm_device_steps
+            assert (eng.runner.split_steps > 0) == (fsm == "0" and overlap), eng.runner.split_steps
             for (_, params), out in zip(jobs, res, strict=True):
                 spec = params.structured_outputs
                 assert spec is not None
@@ -337,19 +340,26 @@ async def test_masks_filled_on_llguidance_threads_draw_the_same_tokens(monkeypat
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("split", "depth"), [("1", 2), ("0", 2), ("1", 3)], ids=["split-launch", "lookahead-zero", "split-launch-depth3"]
+    ("split", "depth", "fsm"),
+    [("1", 2, "0"), ("0", 2, "0"), ("1", 3, "0"), ("1", 3, "1")],
+    ids=["split-launch", "lookahead-zero", "split-launch-depth3", "automata-on-device"],
 )
 async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
-    split: str, depth: int, monkeypatch: pytest.MonkeyPatch
+    split: str, depth: int, fsm: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A pool of 10 pages of 16 tokens for 12 requests of ~60-80 tokens each: when they grow
     # some are retracted (their KV given back, recomputed later) while their grammars wait
     # at a committed state. (13 pages retracted nothing once the split launch let constrained
-    # requests decode every step and end sooner.)
+    # requests decode every step and end sooner.) With token automata (the default on a GPU)
+    # the schemas of their subset keep their states on the device (aserve.device.automata):
+    # a retracted request's row and generation change, so its next step starts from the host's.
     monkeypatch.setenv("ASERVE_SPLIT_MASKS", split)
+    monkeypatch.setenv("ASERVE_GRAMMAR_FSM", fsm)
     per_token = 18 * 2 * 256 * 4  # Gemma 3 270M, float32: layers x (k, v) x head_dim x bytes
     async with aserve.Engine(model="gemma-3-270m", num_threads=2, kv_cache_bytes=per_token * 160,
                              max_context=160, debug=True, overlap_depth=depth) as eng:  # fmt: skip
+        if fsm == "1":
+            await eng.prepare_structured_outputs(*(StructuredOutputs(json=s) for s in SCHEMAS))
         # ~40-token prompts, each different (no shared prefix): 3-4 pages per request.
         jobs = [
             (f"Record {i}: " + "the quick brown fox jumps over a lazy dog " * 4 + PROMPTS[i % 4],
@@ -376,6 +386,7 @@ async def test_retraction_and_aborts_keep_outputs_valid_and_the_ledger_free(
             jsonschema.validate(json.loads(out.text), SCHEMAS[i % 10])
         assert eng.stats().num_retractions > 0  # the pool was too small: retraction happened
         assert (eng._loop.planned_ahead > 0) == (depth == 3), eng._loop.planned_ahead
+        assert (eng.runner.fsm_device_steps > 0) == (fsm == "1"), eng.runner.fsm_device_steps
         with anyio.fail_after(30):
             while not eng.ledger().all_free:
                 await anyio.sleep(0.05)

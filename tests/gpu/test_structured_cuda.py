@@ -172,10 +172,13 @@ def test_a_token_automatons_masks_gathered_on_the_device_draw_llguidances_tokens
     tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Token automata, on by default on a GPU; every row of a greedy step in one automaton (a
-    JSON schema of aserve.sampling.fsm's subset): a split step's masked argmax reads its masks
-    gathered on the device from the automaton's table (``fsm_gathers``). The reference is
-    llguidance alone (``ASERVE_GRAMMAR_FSM=0``) in serial mode without graphs, filling masks on
-    the host through the sampler. Same tokens; the outputs validate."""
+    JSON schema of aserve.sampling.fsm's subset). By default each step is launched whole, its
+    rows' automaton states kept on the device (aserve.device.automata: ``fsm_device_steps``,
+    no split step); with ``ASERVE_FSM_ON_DEVICE=0`` a split step's masked argmax reads its
+    masks gathered on the device from the automaton's table (``fsm_gathers``). The reference
+    is llguidance alone (``ASERVE_GRAMMAR_FSM=0``) in serial mode without graphs, filling
+    masks on the host through the sampler. Same tokens; the outputs validate, seeded sampled
+    ones on the device path too."""
     import json
 
     import jsonschema
@@ -185,8 +188,10 @@ def test_a_token_automatons_masks_gathered_on_the_device_draw_llguidances_tokens
     spec = StructuredOutputs(json=schema)
     jobs = [(f"item {i}:", aserve.SamplingParams(max_tokens=24 + i, temperature=0.0, structured_outputs=spec))
             for i in range(20)]  # fmt: skip
+    sampled = [(f"item {i}:", aserve.SamplingParams(max_tokens=40, temperature=1.0, seed=i, structured_outputs=spec))
+               for i in range(20)]  # fmt: skip
 
-    async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int]:
+    async def run(overlap: bool, graphs: bool, jobs: list[Any] = jobs) -> tuple[list[Any], int, int, int]:
         if graphs:
             monkeypatch.delenv("ASERVE_GRAMMAR_FSM", raising=False)
         else:
@@ -194,12 +199,24 @@ def test_a_token_automatons_masks_gathered_on_the_device_draw_llguidances_tokens
         async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
                                  overlap=overlap, debug=True, cuda_graph=graphs) as engine:  # fmt: skip
             await engine.prepare_structured_outputs(spec)
-            return await _outputs(engine, jobs), engine.runner.fsm_gathers
+            r = engine.runner
+            return await _outputs(engine, jobs), r.fsm_gathers, r.fsm_device_steps, r.split_steps
 
-    reference, gathers_ref = anyio.run(run, False, False)
-    gathered, gathers = anyio.run(run, True, True)
-    assert gathers_ref == 0 and gathers > 0
-    for r, o in zip(reference, gathered, strict=True):
-        assert r.token_ids == o.token_ids and r.finish_reason == o.finish_reason
+    reference, gathers_ref, on_device_ref, _ = anyio.run(run, False, False)
+    assert gathers_ref == 0 and on_device_ref == 0
+    on_device, gathers, on_device_steps, split = anyio.run(run, True, True)
+    assert on_device_steps > 0 and split == 0 and gathers == 0
+    monkeypatch.setenv("ASERVE_FSM_ON_DEVICE", "0")
+    gathered, gathers, on_device_steps, split = anyio.run(run, True, True)
+    assert gathers > 0 and split > 0 and on_device_steps == 0
+    for r, o, g in zip(reference, on_device, gathered, strict=True):
+        assert r.token_ids == o.token_ids == g.token_ids and r.finish_reason == o.finish_reason == g.finish_reason
+        if o.finish_reason == "stop":
+            jsonschema.validate(json.loads(o.text), schema)
+    monkeypatch.delenv("ASERVE_FSM_ON_DEVICE")
+    drawn, _, on_device_steps, split = anyio.run(run, True, True, sampled)
+    assert on_device_steps > 0 and split == 0
+    assert sum(o.finish_reason == "stop" for o in drawn) >= len(drawn) // 2
+    for o in drawn:
         if o.finish_reason == "stop":
             jsonschema.validate(json.loads(o.text), schema)

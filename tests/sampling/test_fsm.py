@@ -91,10 +91,14 @@ def _allowed(state: GrammarState) -> torch.Tensor:
 
 def _walk(tok: Any, fsm: TokenFSM, judge: GrammarState, seed: int, pick: Any, steps: int = 400) -> bytes:
     """Walk ``fsm`` and llguidance's ``judge`` side by side, ``pick(rng, step, allowed ids)``
-    choosing each token; at every step both masks must be equal, bit for bit. The text walked."""
+    choosing each token; at every step both masks must be equal, bit for bit. The automaton
+    on the device (aserve.device.automata; here the CPU) walks beside them: its state is the
+    host's, and its mask the host's, at every step. The text walked."""
     rng = random.Random(seed)
     state = FsmState(fsm, tok.vocab_size)
     token_bytes, eos = tok.token_bytes(), set(tok.eos_token_ids)
+    tables = fsm.on_device(torch.device("cpu"))
+    on_device = torch.tensor([fsm.dense_of(state)])
     text = b""
     for step in range(steps):
         assert state.done == judge.done, text
@@ -102,11 +106,17 @@ def _walk(tok: Any, fsm: TokenFSM, judge: GrammarState, seed: int, pick: Any, st
             break
         ours, theirs = fill_masks([state]), fill_masks([judge])
         assert torch.equal(ours, theirs), (text, sorted(token_bytes[t] for t in allowed_tokens(theirs ^ ours, tok.vocab_size)[0].nonzero().flatten().tolist())[:8])  # fmt: skip
+        assert torch.equal(tables.masks_of(on_device), ours), text
         ids = _allowed(state).tolist()
         assert ids, "a state that allows nothing"
         token = pick(rng, step, ids)
         assert judge.advance(token), (text, token_bytes[token], judge.error)
         assert state.advance(token) and not state.error
+        on_device = tables.step(on_device, torch.tensor([token]))
+        # The same state; an end-of-sequence token's is the device's own ended state.
+        want = tables.done if token in eos else fsm.numbers[state.state]
+        assert int(on_device) == want, (text, token_bytes[token])
+        assert torch.equal(tables.masks_of(on_device), fill_masks([state])), text  # a done one's: every token
         if token in eos:
             break
         text += token_bytes[token]
@@ -144,8 +154,22 @@ def test_an_integer_ranges_automaton_has_llguidances_masks(vocab: tuple[Any, Gra
     spec = StructuredOutputs(json={"type": "integer", "minimum": lo, "maximum": hi})
     fsm = _fsm(tok, grammars, spec)
     assert fsm is not None
-    for walk in range(4):
-        _walk(tok, fsm, _judge(grammars, spec), walk, lambda rng, step, ids: rng.choice(ids))
+    eos = set(tok.eos_token_ids)
+    ended = 0
+
+    def pick(rng: random.Random, step: int, ids: list[int]) -> int:
+        # Every other walk takes an end-of-sequence token where one is allowed (after "5" of
+        # -50..50): its last step reaches the automaton's ended state on the device.
+        nonlocal ended
+        ends = [t for t in ids if t in eos]
+        if ends and walk % 2:
+            ended += 1
+            return ends[0]
+        return rng.choice(ids)
+
+    for walk in range(8):
+        _walk(tok, fsm, _judge(grammars, spec), walk, pick)
+    assert ended > 0 or hi - lo < 10  # (a single digit ends those)
 
 
 def test_an_automaton_narrower_than_its_grammar_is_not_used(vocab: tuple[Any, Grammars]) -> None:
