@@ -55,7 +55,8 @@ def run_throughput(
             recs = engine.step_records()
             loop = engine._loop
             split = {"split_steps": engine.runner.split_steps, "planned_ahead": loop.planned_ahead,
-                     "early_samplers": loop.early_samplers, "launched_behind": loop.launched_behind}  # fmt: skip
+                     "early_samplers": loop.early_samplers, "launched_behind": loop.launched_behind,
+                     "fsm_device_steps": engine.runner.fsm_device_steps}  # fmt: skip
         out_tokens = sum(len(r.token_ids) for r in res)
         decode = [r for r in recs if r.num_decodes == r.num_seqs]
         gaps = [r.device_gap_s for r in decode if r.device_gap_s is not None]
