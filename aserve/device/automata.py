@@ -10,12 +10,15 @@ the commit before it), and a constrained decode keeps the look-ahead of a free o
 
 Where a row's state comes from is decided on the host at launch (:func:`plan_automata`):
 
-* the host's own (``FsmState``), when no earlier step that holds the request is still
-  uncommitted (``Req.inflight`` is 1: this step): its first drawn token, or after a pause;
-* the device's, when the last step that drew the request's token ran this path and left its
-  state in the request's current row (``FsmState.on_device``, its row and generation);
-* neither: the step takes the split launch as before (a row still constrained by llguidance,
-  or a request whose last drawn token came from a split or host-filled step).
+* the host's own (``FsmState``), when no earlier step that draws the request's token is
+  still uncommitted (``Req.lookahead`` is 1: this step's): its first token, or after a pause;
+* the device's, when the last step that drew the request's token left its state in the
+  request's current row (``FsmState.on_device``: that row and its generation).
+
+A step with a row constrained by llguidance (admitted before its automaton was built, or
+outside the automata's subset) is split or filled on the host as before; its automaton rows'
+states are still moved on on the device after its draw (:meth:`AutomatonRows.track`), so the
+steps after it find them there.
 
 The host still advances each ``FsmState`` at the commit (stops, errors, the same state the
 device reached). ``ASERVE_FSM_ON_DEVICE=0`` turns the path off (kept to measure against).
@@ -43,42 +46,62 @@ class _Group(NamedTuple):
     tables: DeviceAutomaton
     offset: int  # where its rows start in ``AutomatonRows.packed``
     rows: int
+    source: int  # where its rows' states are: 1 all on the host's (``start``), -1 all on the device, 0 some of each
 
 
 class AutomatonRows:
-    """A step's constrained rows, grouped by automaton. ``packed`` (int64, host) holds, for
-    each group in turn, its rows' places among the step's constrained rows, their batch rows,
-    and their states (-1: the one on the device)."""
+    """A step's constrained rows in token automata, grouped by automaton. ``packed`` (int64,
+    host) holds, for each group in turn, its rows' places among the step's constrained rows,
+    their batch rows, and their states (-1: the one on the device). ``whole``: every
+    constrained row of the step is here, and its masks come from :meth:`masks`; otherwise
+    the masks come from the host (a split or host-filled step) and :meth:`track` only moves
+    these rows' states on, so that the next step finds them on the device."""
 
-    def __init__(self, groups: list[_Group], packed: torch.Tensor, rows: int) -> None:
-        self.groups, self.packed, self.rows = groups, packed, rows
+    def __init__(self, groups: list[_Group], packed: torch.Tensor, rows: int, whole: bool) -> None:
+        self.groups, self.packed, self.rows, self.whole = groups, packed, rows, whole
         self._drawn: list[tuple[DeviceAutomaton, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
-    def masks(self, packed: torch.Tensor, batch_rows: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
-        """On the device (``packed``: this object's, there): the rows' states (the host's, or
-        ``states``' at their FutureMap rows) and their masks ([rows, words], in the step's
-        constrained-row order)."""
-        self._drawn = []
-        parts = []
+    def _locate(self, packed: torch.Tensor, batch_rows: torch.Tensor, states: torch.Tensor) -> list[torch.Tensor]:
+        """On the device (``packed``: this object's, there): each group's rows' states now;
+        returns their places among the step's constrained rows."""
+        self._drawn, places = [], []
         for g in self.groups:
             at, idx, start = (packed[g.offset + k * g.rows : g.offset + (k + 1) * g.rows] for k in range(3))
             rows = batch_rows.index_select(0, idx)
-            now = torch.where(start >= 0, start, states.index_select(0, rows))
+            if g.source == 1:
+                now = start
+            elif g.source == -1:
+                now = states.index_select(0, rows)
+            else:
+                now = torch.where(start >= 0, start, states.index_select(0, rows))
             self._drawn.append((g.tables, now, rows, idx))
-            parts.append((at, g.tables.masks_of(now)))
+            places.append(at)
+        return places
+
+    def masks(self, packed: torch.Tensor, batch_rows: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        """On the device: the rows' masks ([rows, words], in the step's constrained-row order)
+        from their states (the host's, or ``states``' at their FutureMap rows)."""
+        assert self.whole, "the masks of a step whose every constrained row is here"
+        places = self._locate(packed, batch_rows, states)
+        parts = [tables.masks_of(now) for tables, now, _, _ in self._drawn]
         if len(parts) == 1:
-            return parts[0][1]  # one automaton: its rows are the step's, in order
-        bits = torch.empty((self.rows, parts[0][1].shape[1]), dtype=torch.int32, device=states.device)
-        for at, part in parts:
+            return parts[0]  # one automaton: its rows are the step's, in order
+        bits = torch.empty((self.rows, parts[0].shape[1]), dtype=torch.int32, device=states.device)
+        for at, part in zip(places, parts, strict=True):
             bits.index_copy_(0, at, part)
         return bits
 
     def advance(self, tokens: torch.Tensor, states: torch.Tensor) -> None:
-        """On the device, after the draw (``tokens``: the step's, by batch row): each row's next
-        state into ``states`` at its FutureMap row."""
+        """On the device, after :meth:`masks` and the draw (``tokens``: the step's, by batch
+        row): each row's next state into ``states`` at its FutureMap row."""
         for tables, now, rows, idx in self._drawn:
             states.index_copy_(0, rows, tables.step(now, tokens.index_select(0, idx)))
         self._drawn = []
+
+    def track(self, packed: torch.Tensor, batch_rows: torch.Tensor, states: torch.Tensor, tokens: torch.Tensor) -> None:
+        """On the device, after a draw whose masks came from the host: :meth:`advance`."""
+        self._locate(packed, batch_rows, states)
+        self.advance(tokens, states)
 
     def keep(self) -> list[Any]:
         """What the device reads until the step is done (the tables)."""
@@ -86,40 +109,42 @@ class AutomatonRows:
 
 
 def plan_automata(plan: Plan, host: StepInputs, device: torch.device) -> AutomatonRows | None:
-    """The step's constrained rows for the device path, or None where it cannot take it (see
-    the module's docstring). Marks each row's ``FsmState.on_device`` for the next step's
-    launch: this step leaves the state on the device, or (None) it does not."""
+    """The step's constrained rows in token automata whose states the device holds or the
+    host knows (see the module's docstring), or None if there are none. Marks each row's
+    ``FsmState.on_device`` for the next step's launch: this step leaves the state there, or
+    (None: a row whose state is neither) it does not."""
     grammar = host.grammar_rows
     reqs = plan.reqs()
     groups: dict[int, tuple[Any, list[int], list[int], list[int]]] = {}
+    whole = True
     for k, (i, g) in enumerate(grammar):
         fsm = g.fsm
         if fsm is None:
-            break
+            whole = False
+            continue
         st, req = cast("FsmState", g), reqs[i]
-        if req.inflight == 1:
+        if req.lookahead == 1:  # only this step draws its token: the host's state is current
             start = fsm.dense_of(st)
         elif st.on_device == (req.row, req.generation):
             start = -1
         else:
-            break
+            st.on_device = None
+            whole = False
+            continue
+        st.on_device = (req.row, req.generation)
         group = groups.get(id(fsm))
         if group is None:
             group = groups[id(fsm)] = (fsm, [], [], [])
         group[1].append(k)
         group[2].append(i)
         group[3].append(start)
-    else:
-        packed: list[int] = []
-        made = []
-        for fsm, at, idx, start in groups.values():
-            made.append(_Group(fsm.on_device(device), len(packed), len(at)))
-            packed += at + idx + start
-        for i, g in grammar:
-            req = reqs[i]
-            cast("FsmState", g).on_device = (req.row, req.generation)
-        return AutomatonRows(made, torch.tensor(packed, dtype=torch.int64), len(grammar))
-    for _, g in grammar:
-        if g.fsm is not None:
-            cast("FsmState", g).on_device = None
-    return None
+    if not groups:
+        return None
+    packed: list[int] = []
+    made = []
+    for fsm, at, idx, start in groups.values():
+        lo, hi = min(start), max(start)
+        source = -1 if hi < 0 else 1 if lo >= 0 else 0
+        made.append(_Group(fsm.on_device(device), len(packed), len(at), source))
+        packed += at + idx + start
+    return AutomatonRows(made, torch.tensor(packed, dtype=torch.int64), len(grammar), whole)

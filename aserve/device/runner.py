@@ -141,11 +141,13 @@ class ModelRunner:
         if host.sampling is None:
             self.fast_graph_steps += 1
         auto = None
-        if host.grammar_states:
-            # Rows all in token automata whose states the device holds or the host knows:
-            # launched whole (aserve.device.automata), never split.
-            auto = plan_automata(plan, host, self.device) if self.automata_on_device else None
-        defer = defer_masks and bool(host.grammar_states) and auto is None
+        if host.grammar_states and self.automata_on_device:
+            # Rows in token automata whose states the device holds or the host knows: if they
+            # are all the step's constrained rows, it is launched whole, never split
+            # (aserve.device.automata); else their states are moved on after the draw.
+            auto = plan_automata(plan, host, self.device)
+        whole = auto is not None and auto.whole
+        defer = defer_masks and bool(host.grammar_states) and not whole
         self.split_steps += defer
         index = self._index
         self._index += 1
@@ -184,12 +186,21 @@ class ModelRunner:
         """Everything between 'inputs on the device' and 'tokens in the FutureMap'."""
         return self._sample_part(self._forward(dev), dev)
 
-    def _automaton_work(self, dev: DeviceInputs, auto: AutomatonRows, packed: torch.Tensor) -> SampleOutput:
-        """:meth:`_device_work` for a step whose constrained rows' masks come from their
-        automata's states on the device, which the draw then moves on (``packed``: ``auto``'s
-        on the device)."""
+    def _draw(
+        self, dev: DeviceInputs, sample: Callable[[DeviceInputs], SampleOutput], auto: AutomatonRows | None,
+        packed: torch.Tensor | None,
+    ) -> SampleOutput:  # fmt: skip
+        """``sample(dev)``, the step's draw, with its rows in token automata
+        (aserve.device.automata; ``packed``: ``auto``'s, on the device): a whole step's masks
+        come from their states on the device, and the draw moves every such row's state on."""
+        if auto is None or packed is None:
+            return sample(dev)
         states = self.future_map.states
-        out = self._device_work(_with_masks(dev, auto.masks(packed, dev.rows, states)))
+        if not auto.whole:
+            out = sample(dev)
+            auto.track(packed, dev.rows, states, out.token_ids)
+            return out
+        out = sample(_with_masks(dev, auto.masks(packed, dev.rows, states)))
         auto.advance(out.token_ids, states)
         self.fsm_device_steps += 1
         return out
@@ -370,7 +381,7 @@ class ModelRunner:
     def _launch_cpu(self, index: int, plan: Plan, host: StepInputs, defer: bool, auto: AutomatonRows | None) -> Step:
         stream = self.cpu_stream
         assert stream is not None
-        host_masks = not defer and auto is None
+        host_masks = not defer and not (auto is not None and auto.whole)
         sbatch = None if host.sampling is None else host.sampling.batch(self.device, masks=host_masks)
         dev = DeviceInputs.from_packed(host.packed, host, sbatch)
         if host.grammar and host_masks:
@@ -398,25 +409,26 @@ class ModelRunner:
         step = self._step(index, plan, begin, materialized, copied, [])
         step.prompt_spans = host.plp_spans
         step.read_host = lambda: result["host"]
+        packed = None if auto is None else auto.packed
         if defer:
             grammar = host.grammar_states
 
             def finish(beside: FillRunner | None = None) -> None:
                 masked = _with_masks(dev, fill_masks(grammar, beside=beside))
                 step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
-                sample_and_copy(lambda: self._sample_part(result.pop("fwd"), masked))
+                sample_and_copy(
+                    lambda: self._draw(masked, lambda d: self._sample_part(result.pop("fwd"), d), auto, packed)
+                )
 
             step.finish_launch = finish
-        elif auto is not None:
-            sample_and_copy(lambda: self._automaton_work(dev, auto, auto.packed))
         else:
-            sample_and_copy(lambda: self._device_work(dev))
+            sample_and_copy(lambda: self._draw(dev, self._device_work, auto, packed))
         return step
 
     def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool, auto: AutomatonRows | None) -> Step:
         # None: a greedy graph step. Deferred, or their automata on the device: the grammar
         # rows are known, their masks are not (yet, or on the host).
-        host_masks = not defer and auto is None
+        host_masks = not defer and not (auto is not None and auto.whole)
         sbatch_host = None if host.sampling is None else host.sampling.batch("cpu", masks=host_masks)
         uploads = {"packed_i64": host.packed}
         if auto is not None:
@@ -429,7 +441,8 @@ class ModelRunner:
         if sbatch_host is not None:
             sbatch = sbatch_host.replace_tensors({k: on_device["s." + k] for k in sampling_tensors})
         dev = DeviceInputs.from_packed(on_device["packed_i64"], host, sbatch)
-        mask_keep: list[torch.Tensor] = []
+        mask_keep: list[Any] = [] if auto is None else auto.keep()
+        packed = on_device.get("automata")
         if host.grammar and host_masks:
             dev = _with_masks(dev, self._upload_masks(index, host.grammar, mask_keep))
         self.forward_stream.wait_stream(self.schedule_stream)
@@ -439,17 +452,13 @@ class ModelRunner:
             forward_end = self._record(self.forward_stream, f"step{index}.forward_end") if defer else None
         bufs: dict[str, torch.Tensor] = {}
         if fwd is None:
-            if auto is None:
-                work = lambda: self._device_work(dev)  # noqa: E731
-            else:
-                work = lambda: self._automaton_work(dev, auto, on_device["automata"])  # noqa: E731
-                mask_keep += auto.keep()
+            work = lambda: self._draw(dev, self._device_work, auto, packed)  # noqa: E731
             out, materialized, copied = self._sample_cuda(index, work, bufs, None)
             step = self._step(index, plan, begin, materialized, copied, [dev, out, *mask_keep])
         else:
             # Placeholders, recorded by finish_launch(); a watcher may await them before that.
             step = self._step(index, plan, begin, DeviceEvent(f"step{index}.materialized"),
-                              DeviceEvent(f"step{index}.copied"), [dev, fwd])  # fmt: skip
+                              DeviceEvent(f"step{index}.copied"), [dev, fwd, *mask_keep])  # fmt: skip
             grammar = host.grammar_states
 
             def finish(beside: FillRunner | None = None) -> None:
@@ -460,12 +469,13 @@ class ModelRunner:
                 assert forward_end is not None
                 sampler_begin = self._record(self.forward_stream, f"step{index}.sampler_begin")
                 step.split_gap = (forward_end, sampler_begin)
-                out, _, _ = self._sample_cuda(index, lambda: self._sample_part(fwd, masked), bufs, step)
+                work = lambda: self._draw(masked, lambda d: self._sample_part(fwd, d), auto, packed)  # noqa: E731
+                out, _, _ = self._sample_cuda(index, work, bufs, step)
                 step.keepalive += [masked, out, *keep]
 
             if self._takes_masked_graph(dev, grammar):
                 step.finish_launch = lambda beside=None: self._finish_masked_graph(
-                    index, step, dev, grammar, forward_end, beside
+                    index, step, dev, grammar, forward_end, beside, auto, packed
                 )
             else:
                 step.finish_launch = finish
@@ -495,6 +505,8 @@ class ModelRunner:
         grammar: list[GrammarState],
         forward_end: DeviceEvent | None,
         beside: FillRunner | None = None,
+        auto: AutomatonRows | None = None,
+        packed: torch.Tensor | None = None,
     ) -> None:
         """A split step's sampler from its size's masked-argmax graph: the masks filled into
         the graphs' pinned buffer (row i: the step's row i; the padded rows' stale masks pick
@@ -529,6 +541,8 @@ class ModelRunner:
         with on_stream(stream):
             step.split_gap = (forward_end, self._record(stream, f"step{index}.sampler_begin"))
             graphs.masked_argmax(size)
+            if auto is not None and packed is not None:  # its rows in automata: their states moved on
+                auto.track(packed, dev.rows, self.future_map.states, buffers.device_tokens[:b])
             self._record(stream, f"step{index}.materialized", into=step.materialized)
             self._record(stream, f"step{index}.copied", self.cuda_waiter, into=step.copied)
         self.masked_graph_steps += 1

@@ -173,38 +173,40 @@ class TokenFSM:
 
 
 class DeviceAutomaton(NamedTuple):
-    """A :class:`TokenFSM` on a device, for a step whose rows' states stay there (the device
-    path, :mod:`aserve.device.automata`): state ``s`` (dense, ``TokenFSM.dense_of``) has the
+    """A :class:`TokenFSM` on a device, for a step whose rows' states stay there
+    (:mod:`aserve.device.automata`): state ``s`` (numbered as ``TokenFSM.numbers``) has the
     mask ``masks[mask_of[s]]``, and token ``t`` leads it to ``dest[k]`` where
-    ``keys[k] == s * stride + t`` (the exceptions, sorted, then one key past every query), else
-    to ``default[s]``; an end-of-sequence token leads to ``done`` (the last state, like a
-    stop state's, allows every token: :meth:`TokenFSM.row_of`). Only tokens a state's mask
-    allows are ever looked up (a masked draw)."""
+    ``keys[k] == s * stride + t`` (the exceptions and each state's end-of-sequence tokens,
+    sorted, then one key past every query), else to ``default[s]``. An end-of-sequence token
+    leads to ``done``, the last state, whose mask (like a stop state's) allows every token:
+    :meth:`TokenFSM.row_of`. Only tokens a state's mask allows are ever looked up (a masked
+    draw)."""
 
     masks: torch.Tensor  # [distinct masks + 1, words] int32 (TokenFSM.device_masks)
     mask_of: torch.Tensor  # [N + 1] int64
     default: torch.Tensor  # [N + 1] int64
     keys: torch.Tensor  # [M + 1] int64, ascending
     dest: torch.Tensor  # [M + 1] int64
-    eos: torch.Tensor  # [E] int64
     stride: int
     done: int
 
     @classmethod
     def build(cls, fsm: TokenFSM, device: torch.device) -> DeviceAutomaton:
-        dense, ones = fsm.numbers, len(fsm.masks)
-        done = len(dense)
-        mask_of = [ones if s in fsm.stops else fsm.rows[s] for s in dense] + [ones]
-        default = [dense[fsm._default[s]] if s in fsm._default else i for s, i in dense.items()] + [done]
+        numbers, ones = fsm.numbers, len(fsm.masks)
+        done = len(numbers)
+        mask_of = [ones if s in fsm.stops else fsm.rows[s] for s in numbers] + [ones]
+        default = [numbers[fsm._default[s]] if s in fsm._default else i for s, i in numbers.items()] + [done]
         stride = fsm.masks.shape[1] * 32
-        moves = sorted((dense[s] * stride + t, dense[d]) for s, m in fsm._moves.items() for t, d in m.items())
+        moves = [(numbers[s] * stride + t, numbers[d]) for s, m in fsm._moves.items() for t, d in m.items()]
+        moves += [(i * stride + t, done) for s, i in numbers.items() if s not in fsm.stops for t in fsm.eos]
+        moves.sort()
         moves.append((torch.iinfo(torch.int64).max, done))
 
         def put(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64).to(device)
 
         tables = cls(fsm.device_masks(device), put(mask_of), put(default), put([k for k, _ in moves]),
-                     put([d for _, d in moves]), put(sorted(fsm.eos) or [-1]), stride, done)  # fmt: skip
+                     put([d for _, d in moves]), stride, done)  # fmt: skip
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # once an automaton: the copies are done before any stream reads them
         return tables
@@ -215,12 +217,10 @@ class DeviceAutomaton(NamedTuple):
 
     def step(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """[R] states and the tokens drawn there -> the states they lead to."""
-        query = states * self.stride + tokens
+        query = torch.add(tokens, states, alpha=self.stride)
         at = torch.searchsorted(self.keys, query)
-        nxt = torch.where(self.keys.index_select(0, at) == query, self.dest.index_select(0, at),
-                          self.default.index_select(0, states))  # fmt: skip
-        ended = (tokens.unsqueeze(1) == self.eos).any(dim=1)
-        return nxt.masked_fill(ended, self.done)
+        hit = self.keys.index_select(0, at) == query
+        return torch.where(hit, self.dest.index_select(0, at), self.default.index_select(0, states))
 
 
 class Unequal(Exception):
