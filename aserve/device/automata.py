@@ -47,6 +47,7 @@ class _Group(NamedTuple):
     offset: int  # where its rows start in ``AutomatonRows.packed``
     rows: int
     source: int  # where its rows' states are: 1 all on the host's (``start``), -1 all on the device, 0 some of each
+    every: bool  # its rows are the step's batch rows 0, 1, ..., all of them (no gathers by batch row)
 
 
 class AutomatonRows:
@@ -59,7 +60,7 @@ class AutomatonRows:
 
     def __init__(self, groups: list[_Group], packed: torch.Tensor, rows: int, whole: bool) -> None:
         self.groups, self.packed, self.rows, self.whole = groups, packed, rows, whole
-        self._drawn: list[tuple[DeviceAutomaton, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._drawn: list[tuple[_Group, torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def _locate(self, packed: torch.Tensor, batch_rows: torch.Tensor, states: torch.Tensor) -> list[torch.Tensor]:
         """On the device (``packed``: this object's, there): each group's rows' states now;
@@ -67,14 +68,14 @@ class AutomatonRows:
         self._drawn, places = [], []
         for g in self.groups:
             at, idx, start = (packed[g.offset + k * g.rows : g.offset + (k + 1) * g.rows] for k in range(3))
-            rows = batch_rows.index_select(0, idx)
+            rows = batch_rows if g.every else batch_rows.index_select(0, idx)
             if g.source == 1:
                 now = start
             elif g.source == -1:
                 now = states.index_select(0, rows)
             else:
                 now = torch.where(start >= 0, start, states.index_select(0, rows))
-            self._drawn.append((g.tables, now, rows, idx))
+            self._drawn.append((g, now, rows, idx))
             places.append(at)
         return places
 
@@ -83,7 +84,7 @@ class AutomatonRows:
         from their states (the host's, or ``states``' at their FutureMap rows)."""
         assert self.whole, "the masks of a step whose every constrained row is here"
         places = self._locate(packed, batch_rows, states)
-        parts = [tables.masks_of(now) for tables, now, _, _ in self._drawn]
+        parts = [g.tables.masks_of(now) for g, now, _, _ in self._drawn]
         if len(parts) == 1:
             return parts[0]  # one automaton: its rows are the step's, in order
         bits = torch.empty((self.rows, parts[0].shape[1]), dtype=torch.int32, device=states.device)
@@ -94,8 +95,9 @@ class AutomatonRows:
     def advance(self, tokens: torch.Tensor, states: torch.Tensor) -> None:
         """On the device, after :meth:`masks` and the draw (``tokens``: the step's, by batch
         row): each row's next state into ``states`` at its FutureMap row."""
-        for tables, now, rows, idx in self._drawn:
-            states.index_copy_(0, rows, tables.step(now, tokens.index_select(0, idx)))
+        for g, now, rows, idx in self._drawn:
+            drawn = tokens if g.every else tokens.index_select(0, idx)
+            states.index_copy_(0, rows, g.tables.step(now, drawn))
         self._drawn = []
 
     def track(self, packed: torch.Tensor, batch_rows: torch.Tensor, states: torch.Tensor, tokens: torch.Tensor) -> None:
@@ -112,10 +114,12 @@ def plan_automata(plan: Plan, host: StepInputs, device: torch.device) -> Automat
     """The step's constrained rows in token automata whose states the device holds or the
     host knows (see the module's docstring), or None if there are none. Marks each row's
     ``FsmState.on_device`` for the next step's launch: this step leaves the state there, or
-    (None: a row whose state is neither) it does not."""
+    (None: a row whose state is neither) it does not. Per row of every constrained step, so
+    plain: a few attribute reads and appends."""
     grammar = host.grammar_rows
     reqs = plan.reqs()
     groups: dict[int, tuple[Any, list[int], list[int], list[int]]] = {}
+    fsm_of_last, last = None, None
     whole = True
     for k, (i, g) in enumerate(grammar):
         fsm = g.fsm
@@ -123,28 +127,34 @@ def plan_automata(plan: Plan, host: StepInputs, device: torch.device) -> Automat
             whole = False
             continue
         st, req = cast("FsmState", g), reqs[i]
-        if req.lookahead == 1:  # only this step draws its token: the host's state is current
-            start = fsm.dense_of(st)
-        elif st.on_device == (req.row, req.generation):
+        at = (req.row, req.generation)
+        if req.num_launched_outputs - len(req.output_ids) == 1:  # Req.lookahead: only this step draws it
+            start = fsm.dense_of(st)  # the host's state is current
+        elif st.on_device == at:
             start = -1
         else:
             st.on_device = None
             whole = False
             continue
-        st.on_device = (req.row, req.generation)
-        group = groups.get(id(fsm))
-        if group is None:
-            group = groups[id(fsm)] = (fsm, [], [], [])
-        group[1].append(k)
-        group[2].append(i)
-        group[3].append(start)
+        st.on_device = at
+        if fsm is not fsm_of_last:
+            fsm_of_last = fsm
+            last = groups.get(id(fsm))
+            if last is None:
+                last = groups[id(fsm)] = (fsm, [], [], [])
+        assert last is not None
+        last[1].append(k)
+        last[2].append(i)
+        last[3].append(start)
     if not groups:
         return None
     packed: list[int] = []
     made = []
-    for fsm, at, idx, start in groups.values():
+    batch = len(reqs)
+    for fsm, at_, idx, start in groups.values():
         lo, hi = min(start), max(start)
         source = -1 if hi < 0 else 1 if lo >= 0 else 0
-        made.append(_Group(fsm.on_device(device), len(packed), len(at), source))
-        packed += at + idx + start
+        every = len(idx) == batch  # (ascending, so 0, 1, ..., batch - 1)
+        made.append(_Group(fsm.on_device(device), len(packed), len(at_), source, every))
+        packed += at_ + idx + start
     return AutomatonRows(made, torch.tensor(packed, dtype=torch.int64), len(grammar), whole)

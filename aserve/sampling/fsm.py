@@ -175,18 +175,19 @@ class TokenFSM:
 class DeviceAutomaton(NamedTuple):
     """A :class:`TokenFSM` on a device, for a step whose rows' states stay there
     (:mod:`aserve.device.automata`): state ``s`` (numbered as ``TokenFSM.numbers``) has the
-    mask ``masks[mask_of[s]]``, and token ``t`` leads it to ``dest[k]`` where
-    ``keys[k] == s * stride + t`` (the exceptions and each state's end-of-sequence tokens,
-    sorted, then one key past every query), else to ``default[s]``. An end-of-sequence token
-    leads to ``done``, the last state, whose mask (like a stop state's) allows every token:
-    :meth:`TokenFSM.row_of`. Only tokens a state's mask allows are ever looked up (a masked
-    draw)."""
+    mask ``masks[mask_of[s]]``, and token ``t`` leads it to ``after[k]``, ``k`` the number of
+    ``keys`` at most ``s * stride + t``. The keys, ascending: each state's first token (to its
+    most common destination), each of its other moves (the exceptions and its end-of-sequence
+    tokens), and the token after each such move (back to the most common destination), so
+    that the last key at most a query is the query's own move. An end-of-sequence token leads
+    to ``done``, the last state, whose mask (like a stop state's) allows every token
+    (:meth:`TokenFSM.row_of`). Only tokens a state's mask allows are ever looked up (a masked
+    draw). Three device operations a lookup, none of them a sync."""
 
     masks: torch.Tensor  # [distinct masks + 1, words] int32 (TokenFSM.device_masks)
     mask_of: torch.Tensor  # [N + 1] int64
-    default: torch.Tensor  # [N + 1] int64
-    keys: torch.Tensor  # [M + 1] int64, ascending
-    dest: torch.Tensor  # [M + 1] int64
+    keys: torch.Tensor  # [M] int64, ascending
+    after: torch.Tensor  # [M + 1] int64: after[k] = the destination of keys[k - 1]
     stride: int
     done: int
 
@@ -194,19 +195,28 @@ class DeviceAutomaton(NamedTuple):
     def build(cls, fsm: TokenFSM, device: torch.device) -> DeviceAutomaton:
         numbers, ones = fsm.numbers, len(fsm.masks)
         done = len(numbers)
-        mask_of = [ones if s in fsm.stops else fsm.rows[s] for s in numbers] + [ones]
-        default = [numbers[fsm._default[s]] if s in fsm._default else i for s, i in numbers.items()] + [done]
         stride = fsm.masks.shape[1] * 32
-        moves = [(numbers[s] * stride + t, numbers[d]) for s, m in fsm._moves.items() for t, d in m.items()]
-        moves += [(i * stride + t, done) for s, i in numbers.items() if s not in fsm.stops for t in fsm.eos]
-        moves.sort()
-        moves.append((torch.iinfo(torch.int64).max, done))
+        mask_of = [ones if s in fsm.stops else fsm.rows[s] for s in numbers] + [ones]
+        to: dict[int, int] = {done * stride: done}
+        for s, i in numbers.items():
+            common = numbers[fsm._default[s]] if s in fsm._default else i
+            moves = {t: numbers[d] for t, d in fsm._moves.get(s, {}).items()}
+            if s not in fsm.stops:
+                moves.update(dict.fromkeys(fsm.eos, done))
+            base = i * stride
+            to[base] = common
+            for t in moves:
+                if t + 1 < stride:
+                    to[base + t + 1] = common
+            for t, d in moves.items():  # a move's own key over the one after its neighbour
+                to[base + t] = d
+        keys = sorted(to)
 
         def put(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64).to(device)
 
-        tables = cls(fsm.device_masks(device), put(mask_of), put(default), put([k for k, _ in moves]),
-                     put([d for _, d in moves]), stride, done)  # fmt: skip
+        tables = cls(fsm.device_masks(device), put(mask_of), put(keys), put([done] + [to[k] for k in keys]),
+                     stride, done)  # fmt: skip
         if device.type == "cuda":
             torch.cuda.synchronize(device)  # once an automaton: the copies are done before any stream reads them
         return tables
@@ -218,9 +228,7 @@ class DeviceAutomaton(NamedTuple):
     def step(self, states: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """[R] states and the tokens drawn there -> the states they lead to."""
         query = torch.add(tokens, states, alpha=self.stride)
-        at = torch.searchsorted(self.keys, query)
-        hit = self.keys.index_select(0, at) == query
-        return torch.where(hit, self.dest.index_select(0, at), self.default.index_select(0, states))
+        return self.after.index_select(0, torch.searchsorted(self.keys, query, right=True))
 
 
 class Unequal(Exception):
