@@ -105,6 +105,14 @@ class AutomatonRows:
         self._locate(packed, batch_rows, states)
         self.advance(tokens, states)
 
+    def steady(self) -> AutomatonRows:
+        """The same rows at the next step, when nothing else drew them in between: every
+        state is then on the device (a decode block's next step with the same members)."""
+        packed = self.packed.clone()
+        for g in self.groups:
+            packed[g.offset + 2 * g.rows : g.offset + 3 * g.rows] = -1
+        return AutomatonRows([g._replace(source=-1) for g in self.groups], packed, self.rows, self.whole)
+
     def keep(self) -> list[Any]:
         """What the device reads until the step is done (the tables)."""
         return [g.tables for g in self.groups]

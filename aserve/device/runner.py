@@ -75,7 +75,9 @@ class ModelRunner:
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
         self.fsm_gathers = 0  # masked-argmax steps whose masks a token automaton gathered on the device
         self.fsm_device_steps = 0  # steps launched whole, their rows' automaton states on the device
+        self.fsm_steady_steps = 0  # of which a decode block's with the members of the step before
         self.automata_on_device = automata_on_device()  # aserve.device.automata
+        self._steady: tuple[list[Any], AutomatonRows] | None = None  # (see _automaton_rows)
         self._fsm_row_buf: torch.Tensor | None = None
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
@@ -145,7 +147,9 @@ class ModelRunner:
             # Rows in token automata whose states the device holds or the host knows: if they
             # are all the step's constrained rows, it is launched whole, never split
             # (aserve.device.automata); else their states are moved on after the draw.
-            auto = plan_automata(plan, host, self.device)
+            auto = self._automaton_rows(plan, host)
+        else:
+            self._steady = None
         whole = auto is not None and auto.whole
         defer = defer_masks and bool(host.grammar_states) and not whole
         self.split_steps += defer
@@ -181,6 +185,22 @@ class ModelRunner:
         )
 
     # -- device side -------------------------------------------------------------
+
+    def _automaton_rows(self, plan: Plan, host: StepInputs) -> AutomatonRows | None:
+        """:func:`plan_automata`, or on a step of a decode block alone whose constrained
+        members are those of the step launched just before (a block's lists are new when its
+        members change) and were drawn whole there, the same rows with every state on the
+        device: no pass over the rows on the host."""
+        steady, block = self._steady, plan.block
+        members = None if block is None or plan.extra else block.grammars
+        auto: AutomatonRows | None
+        if steady is not None and members is steady[0]:
+            auto = steady[1].steady()
+            self.fsm_steady_steps += 1
+        else:
+            auto = plan_automata(plan, host, self.device)
+        self._steady = (members, auto) if members is not None and auto is not None and auto.whole else None
+        return auto
 
     def _device_work(self, dev: DeviceInputs) -> SampleOutput:
         """Everything between 'inputs on the device' and 'tokens in the FutureMap'."""

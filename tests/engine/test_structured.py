@@ -265,6 +265,30 @@ async def test_automaton_constrained_outputs_are_llguidances_token_for_token(mon
     assert outs["0", True] == outs["1", False] == outs["1", True]
 
 
+async def test_a_decode_blocks_automaton_rows_stay_on_the_device_step_after_step(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Greedy requests of one schema and a choice decode as a block: once its members' states
+    are on the device, a step with the same members as the one before reuses that step's
+    rows (``fsm_steady_steps``) instead of reading each request again; when members leave or
+    join, they are read again. The tokens are llguidance's alone, with overlap."""
+    specs = [StructuredOutputs(json=SCHEMAS[i]) for i in (3, 8)] + [StructuredOutputs(choice=("yes", "no", "maybe"))]
+    jobs = [(f"{p} {k}", aserve.SamplingParams(max_tokens=20 + 9 * k, temperature=0.0, structured_outputs=spec))
+            for k, p in enumerate(PROMPTS) for spec in specs]  # fmt: skip
+    outs = {}
+    for fsm in ("0", "1"):
+        monkeypatch.setenv("ASERVE_GRAMMAR_FSM", fsm)
+        async with aserve.Engine(model="gemma-3-270m", num_threads=2, debug=True) as eng:
+            await eng.prepare_structured_outputs(*specs)
+            outs[fsm] = [(o.token_ids, o.finish_reason) for o in await _run_all(eng, jobs)]
+            assert await _settled(eng)
+            runner = eng.runner
+            if fsm == "1":
+                assert runner.fsm_steady_steps > 0 and runner.split_steps == 0
+                assert runner.fsm_steady_steps < runner.fsm_device_steps  # members left: read again
+    assert outs["0"] == outs["1"]
+
+
 async def test_the_trace_shows_an_early_samplers_commit_in_two_parts(tmp_path: Any) -> None:
     """The commit before a split step yields once between its grammar advance and the rest:
     its trace has two commit spans, in order, and the step planned during the wait is
