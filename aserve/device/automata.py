@@ -118,6 +118,26 @@ class AutomatonRows:
         return [g.tables for g in self.groups]
 
 
+def warm_up(device: torch.device) -> torch.Tensor:
+    """The device path's operations once, on a two-state automaton: CUDA loads a kernel's
+    module at its first launch, which the first constrained step would otherwise wait for
+    (tens of ms on the H100 host). Returns the states it moved on (state 0, token 1 -> 1)."""
+    from aserve.sampling.fsm import DeviceAutomaton
+
+    def put(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    # State 0: token 1 leads to state 1, any other back to 0; state 1 leads nowhere else.
+    tables = DeviceAutomaton(torch.full((2, 1), -1, dtype=torch.int32, device=device), put([0, 1]),
+                             put([0, 1, 2, 4]), put([0, 0, 1, 0, 1]), 4, 1)  # fmt: skip
+    states = put([0, 0])
+    for source, every in ((0, False), (-1, True)):
+        rows = AutomatonRows([_Group(tables, 0, 1, source, every)], put([0, 0, -1]), 1, True)
+        rows.masks(rows.packed.to(device), put([0]), states)
+        rows.advance(put([1]), states)
+    return states
+
+
 def plan_automata(plan: Plan, host: StepInputs, device: torch.device) -> AutomatonRows | None:
     """The step's constrained rows in token automata whose states the device holds or the
     host knows (see the module's docstring), or None if there are none. Marks each row's

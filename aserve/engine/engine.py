@@ -22,6 +22,7 @@ import torch
 from anyio.streams.memory import MemoryObjectReceiveStream
 
 from aserve.config import EngineConfig
+from aserve.device.automata import warm_up as automata_warm_up
 from aserve.device.events import POLL_INTERVAL_S, CpuStream, CudaEventWaiter, LoopWaker
 from aserve.device.future_map import FutureMap
 from aserve.device.runner import ModelRunner
@@ -155,6 +156,8 @@ class Engine:
             # eagerly, kept to measure one against the other; docs/architecture.md).
             if graphs is not None and os.environ.get("ASERVE_SAMPLER_GRAPH", "1") != "0":
                 graphs.capture_masked(runner.forward_stream)
+            if runner.automata_on_device and automata_on(parts.device.type):
+                automata_warm_up(parts.device)  # its kernels loaded now, not in a constrained step
         self.committer = Committer(self.scheduler, parts.tokenizer, self._on_finish)
         trace = TraceWriter(cfg.trace_path, self._t0) if cfg.trace_path else None
         self._recorder = StepRecorder(trace, runner.device_clock)

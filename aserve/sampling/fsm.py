@@ -141,6 +141,8 @@ class TokenFSM:
         self._on_device: dict[torch.device, torch.Tensor] = {}
         self.numbers = {state: i for i, state in enumerate(self.rows)}  # its number on the device
         self._tables: dict[torch.device, DeviceAutomaton] = {}
+        # Its tables built here, on the build's thread: a step's launch only copies them.
+        self._tables[torch.device("cpu")] = DeviceAutomaton.build(self)
 
     def row_of(self, state: FsmState) -> int:
         """``state``'s row of :meth:`device_masks`: an ended request's (done or failed) is the
@@ -160,7 +162,15 @@ class TokenFSM:
         0..N-1 in the order they were reached, N for an ended request."""
         tables = self._tables.get(device)
         if tables is None:
-            tables = self._tables[device] = DeviceAutomaton.build(self, device)
+            host = self._tables[torch.device("cpu")]
+            tables = self._tables[device] = host._replace(
+                masks=self.device_masks(device),
+                mask_of=host.mask_of.to(device),
+                keys=host.keys.to(device),
+                after=host.after.to(device),
+            )
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)  # once an automaton: the copies are done before any stream reads them
         return tables
 
     def dense_of(self, state: FsmState) -> int:
@@ -192,7 +202,8 @@ class DeviceAutomaton(NamedTuple):
     done: int
 
     @classmethod
-    def build(cls, fsm: TokenFSM, device: torch.device) -> DeviceAutomaton:
+    def build(cls, fsm: TokenFSM) -> DeviceAutomaton:
+        """On the host (:meth:`TokenFSM.on_device` copies it to a device)."""
         numbers, ones = fsm.numbers, len(fsm.masks)
         done = len(numbers)
         stride = fsm.masks.shape[1] * 32
@@ -213,13 +224,10 @@ class DeviceAutomaton(NamedTuple):
         keys = sorted(to)
 
         def put(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int64).to(device)
+            return torch.tensor(values, dtype=torch.int64)
 
-        tables = cls(fsm.device_masks(device), put(mask_of), put(keys), put([done] + [to[k] for k in keys]),
-                     stride, done)  # fmt: skip
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)  # once an automaton: the copies are done before any stream reads them
-        return tables
+        masks = fsm.device_masks(torch.device("cpu"))
+        return cls(masks, put(mask_of), put(keys), put([done] + [to[k] for k in keys]), stride, done)
 
     def masks_of(self, states: torch.Tensor) -> torch.Tensor:
         """[R] states -> their masks [R, words]."""

@@ -354,3 +354,11 @@ def test_an_engine_keeps_a_bounded_number_of_automata(
     # A judge that fails leaves the spec without an automaton, and nothing waits on it.
     assert grammars.fsms.get(StructuredOutputs(choice=("p", "q")), broken) is None
     assert grammars.fsms.wait(StructuredOutputs(choice=("p", "q"))) is None
+
+
+def test_the_device_paths_warm_up_moves_a_state_on() -> None:
+    """``aserve.device.automata.warm_up`` (run at a CUDA engine's start) on a CPU: token 1
+    leads its two-state automaton's state 0 to state 1, through both of a step's ways."""
+    from aserve.device.automata import warm_up
+
+    assert warm_up(torch.device("cpu")).tolist() == [1, 0]
