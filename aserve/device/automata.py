@@ -32,8 +32,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import torch
 
 if TYPE_CHECKING:
-    from aserve.device.inputs import StepInputs
+    from collections.abc import Callable
+
+    from aserve.device.future_map import FutureMap
+    from aserve.device.inputs import DeviceInputs, StepInputs
     from aserve.sampling.fsm import DeviceAutomaton, FsmState
+    from aserve.sampling.sampler import SampleOutput
     from aserve.scheduler.policy import Plan
 
 
@@ -186,3 +190,53 @@ def plan_automata(plan: Plan, host: StepInputs, device: torch.device) -> Automat
         made.append(_Group(fsm.on_device(device), len(packed), len(at_), source, every))
         packed += at_ + idx + start
     return AutomatonRows(made, torch.tensor(packed, dtype=torch.int64), len(grammar), whole)
+
+
+class DevicePath:
+    """A runner's token automata on the device: which of a step's rows draw there
+    (:meth:`rows`, at launch) and the draw (:meth:`draw`, where the step's sampler runs)."""
+
+    def __init__(self, device: torch.device, future_map: FutureMap) -> None:
+        self.device, self.future_map = device, future_map
+        self.on = automata_on_device()
+        self.steps = 0  # steps launched whole, their rows' automaton states on the device
+        self.steady_steps = 0  # of which a decode block's with the members of the step before
+        self._steady: tuple[list[Any], AutomatonRows] | None = None
+
+    def rows(self, plan: Plan, host: StepInputs) -> AutomatonRows | None:
+        """:func:`plan_automata`, or on a step of a decode block alone whose constrained
+        members are those of the step launched just before (a block's lists are new when its
+        members change) and were drawn whole there, the same rows with every state on the
+        device: no pass over the rows on the host. Called at every launch, in order."""
+        if not (self.on and host.grammar_states):
+            self._steady = None
+            return None
+        steady, block = self._steady, plan.block
+        members = None if block is None or plan.extra else block.grammars
+        auto: AutomatonRows | None
+        if steady is not None and members is steady[0]:
+            auto = steady[1].steady()
+            self.steady_steps += 1
+        else:
+            auto = plan_automata(plan, host, self.device)
+        self._steady = (members, auto) if members is not None and auto is not None and auto.whole else None
+        return auto
+
+    def draw(
+        self, dev: DeviceInputs, sample: Callable[[DeviceInputs], SampleOutput], auto: AutomatonRows | None,
+        packed: torch.Tensor | None,
+    ) -> SampleOutput:  # fmt: skip
+        """``sample(dev)``, the step's draw, with its rows in token automata (``packed``:
+        ``auto``'s, on the device): a whole step's masks come from their states on the device,
+        and the draw moves every such row's state on."""
+        if auto is None or packed is None:
+            return sample(dev)
+        states = self.future_map.states
+        if not auto.whole:
+            out = sample(dev)
+            auto.track(packed, dev.rows, states, out.token_ids)
+            return out
+        out = sample(dev.with_masks(auto.masks(packed, dev.rows, states)))
+        auto.advance(out.token_ids, states)
+        self.steps += 1
+        return out

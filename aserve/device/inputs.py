@@ -14,6 +14,7 @@ Two shapes of step:
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -130,6 +131,12 @@ class DeviceInputs:
     plp_top: int = 0
     mask_rows: torch.Tensor | None = None  # [R] constrained rows of a greedy graph step
     mask_bits: torch.Tensor | None = None  # [R, words] their masks, once filled
+
+    def with_masks(self, bits: torch.Tensor) -> DeviceInputs:
+        """These inputs with the constrained rows' masks (a split step's, filled after launch)."""
+        if self.sbatch is None:
+            return dataclasses.replace(self, mask_bits=bits)
+        return dataclasses.replace(self, sbatch=dataclasses.replace(self.sbatch, mask_bits=bits))
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, host: StepInputs, sbatch: SamplingBatch | None) -> DeviceInputs:

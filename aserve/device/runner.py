@@ -12,7 +12,6 @@ stream, forward and sampling on the forward stream, D2H on the copy stream.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -20,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 
 from aserve.attention.metadata import AttentionMetadata
-from aserve.device.automata import AutomatonRows, automata_on_device, plan_automata
+from aserve.device.automata import AutomatonRows, DevicePath
 from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CpuStream, CudaEventWaiter, DeviceEvent, cuda_record
 from aserve.device.extend_graphs import ExtendGraphs
@@ -74,10 +73,7 @@ class ModelRunner:
         self.split_steps = 0  # steps launched in two (constrained rows' masks filled later)
         self.masked_graph_steps = 0  # greedy graph steps with constrained rows (a masked argmax)
         self.fsm_gathers = 0  # masked-argmax steps whose masks a token automaton gathered on the device
-        self.fsm_device_steps = 0  # steps launched whole, their rows' automaton states on the device
-        self.fsm_steady_steps = 0  # of which a decode block's with the members of the step before
-        self.automata_on_device = automata_on_device()  # aserve.device.automata
-        self._steady: tuple[list[Any], AutomatonRows] | None = None  # (see _automaton_rows)
+        self.automata = DevicePath(device, future_map)  # token automata's states on the device
         self._fsm_row_buf: torch.Tensor | None = None
         self.candidate_steps = 0  # CPU top-k steps sampled from the head's candidates alone
         self.candidate_fallbacks = 0  # ... that found a tie past the candidates (full logits)
@@ -142,14 +138,10 @@ class ModelRunner:
         t0 = time.perf_counter()
         if host.sampling is None:
             self.fast_graph_steps += 1
-        auto = None
-        if host.grammar_states and self.automata_on_device:
-            # Rows in token automata whose states the device holds or the host knows: if they
-            # are all the step's constrained rows, it is launched whole, never split
-            # (aserve.device.automata); else their states are moved on after the draw.
-            auto = self._automaton_rows(plan, host)
-        else:
-            self._steady = None
+        # Rows in token automata whose states the device holds or the host knows: if they are
+        # all the step's constrained rows, it is launched whole, never split; else their states
+        # are moved on after the draw (aserve.device.automata).
+        auto = self.automata.rows(plan, host)
         whole = auto is not None and auto.whole
         defer = defer_masks and bool(host.grammar_states) and not whole
         self.split_steps += defer
@@ -184,46 +176,21 @@ class ModelRunner:
             keepalive=keepalive,
         )
 
-    # -- device side -------------------------------------------------------------
+    @property
+    def fsm_device_steps(self) -> int:
+        """Steps launched whole, their rows' automaton states on the device."""
+        return self.automata.steps
 
-    def _automaton_rows(self, plan: Plan, host: StepInputs) -> AutomatonRows | None:
-        """:func:`plan_automata`, or on a step of a decode block alone whose constrained
-        members are those of the step launched just before (a block's lists are new when its
-        members change) and were drawn whole there, the same rows with every state on the
-        device: no pass over the rows on the host."""
-        steady, block = self._steady, plan.block
-        members = None if block is None or plan.extra else block.grammars
-        auto: AutomatonRows | None
-        if steady is not None and members is steady[0]:
-            auto = steady[1].steady()
-            self.fsm_steady_steps += 1
-        else:
-            auto = plan_automata(plan, host, self.device)
-        self._steady = (members, auto) if members is not None and auto is not None and auto.whole else None
-        return auto
+    @property
+    def fsm_steady_steps(self) -> int:
+        """Of those, a decode block's steps that reused the step before's rows."""
+        return self.automata.steady_steps
+
+    # -- device side -------------------------------------------------------------
 
     def _device_work(self, dev: DeviceInputs) -> SampleOutput:
         """Everything between 'inputs on the device' and 'tokens in the FutureMap'."""
         return self._sample_part(self._forward(dev), dev)
-
-    def _draw(
-        self, dev: DeviceInputs, sample: Callable[[DeviceInputs], SampleOutput], auto: AutomatonRows | None,
-        packed: torch.Tensor | None,
-    ) -> SampleOutput:  # fmt: skip
-        """``sample(dev)``, the step's draw, with its rows in token automata
-        (aserve.device.automata; ``packed``: ``auto``'s, on the device): a whole step's masks
-        come from their states on the device, and the draw moves every such row's state on."""
-        if auto is None or packed is None:
-            return sample(dev)
-        states = self.future_map.states
-        if not auto.whole:
-            out = sample(dev)
-            auto.track(packed, dev.rows, states, out.token_ids)
-            return out
-        out = sample(_with_masks(dev, auto.masks(packed, dev.rows, states)))
-        auto.advance(out.token_ids, states)
-        self.fsm_device_steps += 1
-        return out
 
     def _sample_part(self, fwd: SampleOutput | _Logits, dev: DeviceInputs) -> SampleOutput:
         """The sampler after :meth:`_forward` (nothing on the greedy graph fast path; a masked
@@ -405,7 +372,7 @@ class ModelRunner:
         sbatch = None if host.sampling is None else host.sampling.batch(self.device, masks=host_masks)
         dev = DeviceInputs.from_packed(host.packed, host, sbatch)
         if host.grammar and host_masks:
-            dev = _with_masks(dev, fill_masks(host.grammar))
+            dev = dev.with_masks(fill_masks(host.grammar))
         result: dict[str, Any] = {}
         begin = stream.record(f"step{index}.forward_begin")
         if defer:
@@ -434,15 +401,15 @@ class ModelRunner:
             grammar = host.grammar_states
 
             def finish(beside: FillRunner | None = None) -> None:
-                masked = _with_masks(dev, fill_masks(grammar, beside=beside))
+                masked = dev.with_masks(fill_masks(grammar, beside=beside))
                 step.split_gap = (forward_end, stream.record(f"step{index}.sampler_begin"))
                 sample_and_copy(
-                    lambda: self._draw(masked, lambda d: self._sample_part(result.pop("fwd"), d), auto, packed)
+                    lambda: self.automata.draw(masked, lambda d: self._sample_part(result.pop("fwd"), d), auto, packed)
                 )
 
             step.finish_launch = finish
         else:
-            sample_and_copy(lambda: self._draw(dev, self._device_work, auto, packed))
+            sample_and_copy(lambda: self.automata.draw(dev, self._device_work, auto, packed))
         return step
 
     def _launch_cuda(self, index: int, plan: Plan, host: StepInputs, defer: bool, auto: AutomatonRows | None) -> Step:
@@ -464,7 +431,7 @@ class ModelRunner:
         mask_keep: list[Any] = [] if auto is None else auto.keep()
         packed = on_device.get("automata")
         if host.grammar and host_masks:
-            dev = _with_masks(dev, self._upload_masks(index, host.grammar, mask_keep))
+            dev = dev.with_masks(self._upload_masks(index, host.grammar, mask_keep))
         self.forward_stream.wait_stream(self.schedule_stream)
         with on_stream(self.forward_stream):
             begin = self._record(self.forward_stream, f"step{index}.forward_begin")
@@ -472,7 +439,7 @@ class ModelRunner:
             forward_end = self._record(self.forward_stream, f"step{index}.forward_end") if defer else None
         bufs: dict[str, torch.Tensor] = {}
         if fwd is None:
-            work = lambda: self._draw(dev, self._device_work, auto, packed)  # noqa: E731
+            work = lambda: self.automata.draw(dev, self._device_work, auto, packed)  # noqa: E731
             out, materialized, copied = self._sample_cuda(index, work, bufs, None)
             step = self._step(index, plan, begin, materialized, copied, [dev, out, *mask_keep])
         else:
@@ -484,12 +451,12 @@ class ModelRunner:
             def finish(beside: FillRunner | None = None) -> None:
                 # The masks, filled straight into pinned memory, then the sampler and the copy out.
                 keep: list[torch.Tensor] = []
-                masked = _with_masks(dev, self._upload_masks(index, grammar, keep, beside))
+                masked = dev.with_masks(self._upload_masks(index, grammar, keep, beside))
                 self.forward_stream.wait_stream(self.schedule_stream)
                 assert forward_end is not None
                 sampler_begin = self._record(self.forward_stream, f"step{index}.sampler_begin")
                 step.split_gap = (forward_end, sampler_begin)
-                work = lambda: self._draw(masked, lambda d: self._sample_part(fwd, d), auto, packed)  # noqa: E731
+                work = lambda: self.automata.draw(masked, lambda d: self._sample_part(fwd, d), auto, packed)  # noqa: E731
                 out, _, _ = self._sample_cuda(index, work, bufs, step)
                 step.keepalive += [masked, out, *keep]
 
@@ -628,13 +595,6 @@ def _one_automaton(grammar: list[GrammarState]) -> Any:
     if fsm is None or any(st.fsm is not fsm for st in grammar):
         return None
     return fsm
-
-
-def _with_masks(dev: DeviceInputs, bits: torch.Tensor) -> DeviceInputs:
-    """A step's inputs with its constrained rows' masks (a split step's, filled after launch)."""
-    if dev.sbatch is None:
-        return dataclasses.replace(dev, mask_bits=bits)
-    return dataclasses.replace(dev, sbatch=dataclasses.replace(dev.sbatch, mask_bits=bits))
 
 
 # Constrained greedy rows from which a step takes the fused masked argmax. Session 20 measured

@@ -156,7 +156,7 @@ class Engine:
             # eagerly, kept to measure one against the other; docs/architecture.md).
             if graphs is not None and os.environ.get("ASERVE_SAMPLER_GRAPH", "1") != "0":
                 graphs.capture_masked(runner.forward_stream)
-            if runner.automata_on_device and automata_on(parts.device.type):
+            if runner.automata.on and automata_on(parts.device.type):
                 automata_warm_up(parts.device)  # its kernels loaded now, not in a constrained step
         self.committer = Committer(self.scheduler, parts.tokenizer, self._on_finish)
         trace = TraceWriter(cfg.trace_path, self._t0) if cfg.trace_path else None
