@@ -207,12 +207,15 @@ class DevicePath:
         """:func:`plan_automata`, or on a step of a decode block alone whose constrained
         members are those of the step launched just before (a block's lists are new when its
         members change) and were drawn whole there, the same rows with every state on the
-        device: no pass over the rows on the host. Called at every launch, in order."""
+        device: no pass over the rows on the host. Called at every launch, in order (a step
+        that skips it would draw rows this reuse takes to be on the device)."""
         if not (self.on and host.grammar_states):
             self._steady = None
             return None
         steady, block = self._steady, plan.block
-        members = None if block is None or plan.extra else block.grammars
+        # The block's members (a new list whenever one joins or leaves), not only its
+        # constrained ones: every row of a reused step is the batch's own (``_Group.every``).
+        members = None if block is None or plan.extra else block.reqs
         auto: AutomatonRows | None
         if steady is not None and members is steady[0]:
             auto = steady[1].steady()

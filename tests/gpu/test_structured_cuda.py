@@ -220,3 +220,36 @@ def test_a_token_automatons_masks_gathered_on_the_device_draw_llguidances_tokens
     for o in drawn:
         if o.finish_reason == "stop":
             jsonschema.validate(json.loads(o.text), schema)
+
+
+def test_automaton_rows_beside_llguidance_rows_keep_their_states_on_the_device(
+    tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows of two automata (a JSON schema, a choice) beside regex rows that only llguidance
+    constrains: while the regex requests run, steps are split and the automaton rows' states
+    are moved on on the device after each draw (``AutomatonRows.track``, the masked-argmax
+    graph's and the eager sampler's); once they end, the steps are launched whole, two
+    automata in one step. The reference is llguidance alone in serial mode without graphs."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["n"], "additionalProperties": False}  # fmt: skip
+    specs = [StructuredOutputs(json=schema), StructuredOutputs(choice=("alpha", "beta", "gamma delta"))]
+    jobs = [(f"item {i}:", aserve.SamplingParams(max_tokens=30, temperature=0.0, structured_outputs=specs[i % 2]))
+            for i in range(16)]  # fmt: skip
+    jobs += [(f"code {i}:", aserve.SamplingParams(max_tokens=6, temperature=0.0,
+              structured_outputs=StructuredOutputs(regex=PATTERN))) for i in range(8)]  # fmt: skip
+
+    async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int]:
+        if graphs:
+            monkeypatch.delenv("ASERVE_GRAMMAR_FSM", raising=False)
+        else:
+            monkeypatch.setenv("ASERVE_GRAMMAR_FSM", "0")
+        async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
+                                 overlap=overlap, debug=True, cuda_graph=graphs) as engine:  # fmt: skip
+            await engine.prepare_structured_outputs(*specs)
+            return await _outputs(engine, jobs), engine.runner.fsm_device_steps, engine.runner.split_steps
+
+    reference, _, _ = anyio.run(run, False, False)
+    outs, whole, split = anyio.run(run, True, True)
+    assert whole > 0 and split > 0, (whole, split)
+    for r, o in zip(reference, outs, strict=True):
+        assert r.token_ids == o.token_ids and r.finish_reason == o.finish_reason
