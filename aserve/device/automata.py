@@ -137,7 +137,7 @@ def warm_up(device: torch.device) -> torch.Tensor:
     states = put([0, 0])
     for source, every in ((0, False), (-1, True)):
         rows = AutomatonRows([_Group(tables, 0, 1, source, every)], put([0, 0, -1]), 1, True)
-        rows.masks(rows.packed.to(device), put([0]), states)
+        rows.masks(rows.packed, put([0]), states)
         rows.advance(put([1]), states)
     return states
 
@@ -160,8 +160,8 @@ def plan_automata(plan: Plan, host: StepInputs, device: torch.device) -> Automat
             continue
         st, req = cast("FsmState", g), reqs[i]
         at = (req.row, req.generation)
-        if req.num_launched_outputs - len(req.output_ids) == 1:  # Req.lookahead: only this step draws it
-            start = fsm.dense_of(st)  # the host's state is current
+        if req.lookahead == 1:  # only this step draws its token: the host's state is current
+            start = fsm.number_of(st)
         elif st.on_device == at:
             start = -1
         else:

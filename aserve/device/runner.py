@@ -515,7 +515,7 @@ class ModelRunner:
             rows[:b] = torch.tensor([fsm.row_of(st) for st in grammar], dtype=torch.int64)  # type: ignore[arg-type]
             with on_stream(self.schedule_stream):
                 picked = rows[:b].to(self.device, non_blocking=True)
-                torch.index_select(fsm.device_masks(self.device), 0, picked, out=buffers.device_bits[:b])
+                torch.index_select(fsm.on_device(self.device).masks, 0, picked, out=buffers.device_bits[:b])
             self.fsm_gathers += 1
         else:
             fill_masks(grammar, buffers.host_bits[:b], beside)

@@ -138,24 +138,16 @@ class TokenFSM:
         by_row = [row.tobytes() for row in rows]
         self._bytes = {state: by_row[row] for state, row in self.rows.items()}
         self.row_bytes = words * 4
-        self._on_device: dict[torch.device, torch.Tensor] = {}
         self.numbers = {state: i for i, state in enumerate(self.rows)}  # its number on the device
         self._tables: dict[torch.device, DeviceAutomaton] = {}
         # Its tables built here, on the build's thread: a step's launch only copies them.
         self._tables[torch.device("cpu")] = DeviceAutomaton.build(self)
 
     def row_of(self, state: FsmState) -> int:
-        """``state``'s row of :meth:`device_masks`: an ended request's (done or failed) is the
-        all-ones row after the automaton's own, as a stopped matcher's mask allows every token."""
+        """``state``'s row of its masks on a device (``on_device(device).masks``): an ended
+        request's (done or failed) is the all-ones row after the automaton's own, as a stopped
+        matcher's mask allows every token."""
         return len(self.masks) if state.done or state.error else self.rows[state.state]
-
-    def device_masks(self, device: torch.device) -> torch.Tensor:
-        """``masks`` and an all-ones row after them, on ``device`` (copied once, then kept)."""
-        table = self._on_device.get(device)
-        if table is None:
-            ones = torch.full((1, self.masks.shape[1]), -1, dtype=torch.int32)
-            table = self._on_device[device] = torch.cat([self.masks, ones]).to(device)
-        return table
 
     def on_device(self, device: torch.device) -> DeviceAutomaton:
         """The automaton itself on ``device`` (built once, then kept): its states renumbered
@@ -164,7 +156,7 @@ class TokenFSM:
         if tables is None:
             host = self._tables[torch.device("cpu")]
             tables = self._tables[device] = host._replace(
-                masks=self.device_masks(device),
+                masks=host.masks.to(device),
                 mask_of=host.mask_of.to(device),
                 keys=host.keys.to(device),
                 after=host.after.to(device),
@@ -173,7 +165,7 @@ class TokenFSM:
                 torch.cuda.synchronize(device)  # once an automaton: the copies are done before any stream reads them
         return tables
 
-    def dense_of(self, state: FsmState) -> int:
+    def number_of(self, state: FsmState) -> int:
         """``state``'s number on the device (:meth:`on_device`)."""
         return len(self.numbers) if state.done or state.error else self.numbers[state.state]
 
@@ -194,7 +186,7 @@ class DeviceAutomaton(NamedTuple):
     (:meth:`TokenFSM.row_of`). Only tokens a state's mask allows are ever looked up (a masked
     draw). Three device operations a lookup, none of them a sync."""
 
-    masks: torch.Tensor  # [distinct masks + 1, words] int32 (TokenFSM.device_masks)
+    masks: torch.Tensor  # [distinct masks + 1, words] int32: TokenFSM.masks and an all-ones row
     mask_of: torch.Tensor  # [N + 1] int64
     keys: torch.Tensor  # [M] int64, ascending
     after: torch.Tensor  # [M + 1] int64: after[k] = the destination of keys[k - 1]
@@ -226,7 +218,7 @@ class DeviceAutomaton(NamedTuple):
         def put(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.int64)
 
-        masks = fsm.device_masks(torch.device("cpu"))
+        masks = torch.cat([fsm.masks, torch.full((1, fsm.masks.shape[1]), -1, dtype=torch.int32)])
         return cls(masks, put(mask_of), put(keys), put([done] + [to[k] for k in keys]), stride, done)
 
     def masks_of(self, states: torch.Tensor) -> torch.Tensor:

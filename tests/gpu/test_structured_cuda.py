@@ -168,6 +168,18 @@ def test_a_split_step_whose_rows_are_all_constrained_samples_from_the_masked_arg
         assert r.finish_reason == o.finish_reason == t.finish_reason == e.finish_reason
 
 
+def _automata_engine(tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch, overlap: bool,
+                     graphs: bool) -> aserve.Engine:  # fmt: skip
+    """The tiny model on CUDA: with ``graphs``, the defaults (token automata on); without,
+    llguidance alone (``ASERVE_GRAMMAR_FSM=0``) and no CUDA graphs, the automata tests' reference."""
+    if graphs:
+        monkeypatch.delenv("ASERVE_GRAMMAR_FSM", raising=False)
+    else:
+        monkeypatch.setenv("ASERVE_GRAMMAR_FSM", "0")
+    return aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
+                         overlap=overlap, debug=True, cuda_graph=graphs)  # fmt: skip
+
+
 def test_a_token_automatons_masks_gathered_on_the_device_draw_llguidances_tokens(
     tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -192,12 +204,7 @@ def test_a_token_automatons_masks_gathered_on_the_device_draw_llguidances_tokens
                for i in range(20)]  # fmt: skip
 
     async def run(overlap: bool, graphs: bool, jobs: list[Any] = jobs) -> tuple[list[Any], int, int, int]:
-        if graphs:
-            monkeypatch.delenv("ASERVE_GRAMMAR_FSM", raising=False)
-        else:
-            monkeypatch.setenv("ASERVE_GRAMMAR_FSM", "0")
-        async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
-                                 overlap=overlap, debug=True, cuda_graph=graphs) as engine:  # fmt: skip
+        async with _automata_engine(tiny_llama, monkeypatch, overlap, graphs) as engine:
             await engine.prepare_structured_outputs(spec)
             r = engine.runner
             return await _outputs(engine, jobs), r.fsm_gathers, r.fsm_device_steps, r.split_steps
@@ -239,12 +246,7 @@ def test_automaton_rows_beside_llguidance_rows_keep_their_states_on_the_device(
               structured_outputs=StructuredOutputs(regex=PATTERN))) for i in range(8)]  # fmt: skip
 
     async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int]:
-        if graphs:
-            monkeypatch.delenv("ASERVE_GRAMMAR_FSM", raising=False)
-        else:
-            monkeypatch.setenv("ASERVE_GRAMMAR_FSM", "0")
-        async with aserve.Engine(model=str(tiny_llama[0]), device="cuda", max_context=128, kv_cache_bytes=2**26,
-                                 overlap=overlap, debug=True, cuda_graph=graphs) as engine:  # fmt: skip
+        async with _automata_engine(tiny_llama, monkeypatch, overlap, graphs) as engine:
             await engine.prepare_structured_outputs(*specs)
             return await _outputs(engine, jobs), engine.runner.fsm_device_steps, engine.runner.split_steps
 

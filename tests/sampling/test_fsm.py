@@ -98,7 +98,7 @@ def _walk(tok: Any, fsm: TokenFSM, judge: GrammarState, seed: int, pick: Any, st
     state = FsmState(fsm, tok.vocab_size)
     token_bytes, eos = tok.token_bytes(), set(tok.eos_token_ids)
     tables = fsm.on_device(torch.device("cpu"))
-    on_device = torch.tensor([fsm.dense_of(state)])
+    on_device = torch.tensor([fsm.number_of(state)])
     text = b""
     for step in range(steps):
         assert state.done == judge.done, text
