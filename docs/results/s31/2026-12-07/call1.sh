@@ -6,6 +6,7 @@
 # (ASERVE_FSM_ON_DEVICE=0: split steps gathering the automaton's masks, session 29's default);
 # D and S in turn. Call 3 put the device path's launch at 256 rows at ~1.0 ms, most of it
 # plan_automata's pass over the rows: a decode block's steady steps now skip it (4ea2f2a).
+# Three repeats a cell (REPEATS): the bench's median pair is then the middle one, not the higher of two.
 # Carry [".gpu", ".whl"].
 S=$(date +%s); BUDGET=${BUDGET:-540}
 python -m pip install -q --no-deps --no-index --break-system-packages .whl/*.whl 2>&1 | grep -v WARNING | tail -2
@@ -19,7 +20,7 @@ structured() {  # $1 label, then VAR=value settings
   local t=$1 L=$(left); shift
   [ $L -gt 60 ] || { echo "structured $t skipped: $L s left"; return; }
   env "$@" timeout $L python -m aserve.bench.device_bench --tokenizer-dir .gpu \
-    --only structured --batches 64,256 --structured-repeats 2 --out $OUT/structured_$t.json > /tmp/structured_$t.log 2>&1
+    --only structured --batches 64,256 --structured-repeats ${REPEATS:-3} --out $OUT/structured_$t.json > /tmp/structured_$t.log 2>&1
   echo "structured $t rc=$? rejected=$(grep -c grammar_rejected /tmp/structured_$t.log) fsm=$(grep -c grammar_fsm_built /tmp/structured_$t.log) after $(( $(date +%s) - S )) s"
   grep "^structured b=" /tmp/structured_$t.log; grep -E "Error" /tmp/structured_$t.log | tail -2
 }
