@@ -96,6 +96,24 @@ class AutomatonRows:
             bits.index_copy_(0, at, part)
         return bits
 
+    def argmax_(
+        self, out: torch.Tensor, logits: torch.Tensor, packed: torch.Tensor, batch_rows: torch.Tensor,
+        states: torch.Tensor, publish: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> torch.Tensor:  # fmt: skip
+        """On a CUDA device, a whole greedy step's draw in one launch a group
+        (:func:`~aserve.kernels.bitmask.automaton_argmax_`): each row's state (the host's, or
+        ``states``' at its FutureMap row), its mask from the automaton's table, the masked
+        argmax into ``out`` (by batch row; published with ``publish``), and the next state
+        back into ``states``. What :meth:`masks`, the masked argmax and :meth:`advance` do,
+        with no mask written and no tensor of states."""
+        from aserve.kernels.bitmask import automaton_argmax_
+
+        assert self.whole, "the draw of a step whose every constrained row is here"
+        for g in self.groups:
+            idx, start = (packed[g.offset + k * g.rows : g.offset + (k + 1) * g.rows] for k in (1, 2))
+            automaton_argmax_(out, logits, idx, g.tables, start, states, batch_rows, publish)
+        return out
+
     def advance(self, tokens: torch.Tensor, states: torch.Tensor) -> None:
         """On the device, after :meth:`masks` and the draw (``tokens``: the step's, by batch
         row): each row's next state into ``states`` at its FutureMap row."""
@@ -122,10 +140,13 @@ class AutomatonRows:
         return [g.tables for g in self.groups]
 
 
-def warm_up(device: torch.device) -> torch.Tensor:
+def warm_up(device: torch.device, logits: torch.Tensor | None = None) -> torch.Tensor:
     """The device path's operations once, on a two-state automaton: CUDA loads a kernel's
     module at its first launch, which the first constrained step would otherwise wait for
-    (tens of ms on the H100 host). Returns the states it moved on (state 0, token 1 -> 1)."""
+    (tens of ms on the H100 host). With ``logits`` (on CUDA: a row like a decode graph's, of
+    the head's dtype and width) also the one-launch draw, which Triton compiles for them here
+    rather than at the first constrained step. Returns the states it moved on (state 0,
+    token 1 -> 1)."""
     from aserve.sampling.fsm import DeviceAutomaton
 
     def put(values: list[int]) -> torch.Tensor:
@@ -139,6 +160,15 @@ def warm_up(device: torch.device) -> torch.Tensor:
         rows = AutomatonRows([_Group(tables, 0, 1, source, every)], put([0, 0, -1]), 1, True)
         rows.masks(rows.packed, put([0]), states)
         rows.advance(put([1]), states)
+    if logits is not None:
+        from aserve.sampling.masks import mask_words
+
+        # Every token allowed: the draw is the plain argmax; states' row 1 takes the move.
+        wide = tables._replace(masks=torch.full((2, mask_words(logits.shape[1])), -1, dtype=torch.int32, device=device))
+        rows = AutomatonRows([_Group(wide, 0, 1, -1, True)], put([0, 0, -1]), 1, True)
+        tokens = put([0])
+        rows.argmax_(tokens, logits[:1], rows.packed, put([1]), states, (tokens.clone(), put([0])))
+        states[1] = 0
     return states
 
 
@@ -199,7 +229,13 @@ class DevicePath:
     def __init__(self, device: torch.device, future_map: FutureMap) -> None:
         self.device, self.future_map = device, future_map
         self.on = automata_on_device()
+        # A greedy whole step's draw in one launch (AutomatonRows.argmax_), on CUDA.
+        # ASERVE_FSM_ONE_LAUNCH=0 keeps masks, masked argmax and lookup apart (to measure);
+        # =1 takes it on a CPU too (Triton's interpreter: the tests).
+        one = os.environ.get("ASERVE_FSM_ONE_LAUNCH", "")
+        self.one_launch = one == "1" or (one != "0" and device.type == "cuda")
         self.steps = 0  # steps launched whole, their rows' automaton states on the device
+        self.one_launch_steps = 0  # of which drawn in one launch (AutomatonRows.argmax_)
         self.steady_steps = 0  # of which a decode block's with the members of the step before
         self._steady: tuple[list[Any], AutomatonRows] | None = None
 
@@ -239,7 +275,11 @@ class DevicePath:
             out = sample(dev)
             auto.track(packed, dev.rows, states, out.token_ids)
             return out
+        self.steps += 1
+        if self.one_launch and dev.sbatch is None and dev.mask_rows is not None:
+            # A greedy step: its masked argmax (the runner's) takes the rows' automata.
+            self.one_launch_steps += 1
+            return sample(dev.with_automata(auto, packed))
         out = sample(dev.with_masks(auto.masks(packed, dev.rows, states)))
         auto.advance(out.token_ids, states)
-        self.steps += 1
         return out

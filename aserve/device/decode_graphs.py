@@ -236,6 +236,12 @@ class DecodeGraphs:
         ``words`` words a row."""
         return size in self._masked and self.masked is not None and words == self.masked.host_bits.shape[1]
 
+    def logits_row(self) -> torch.Tensor | None:
+        """A row of the captured graphs' logits (their head's dtype and width), None before
+        :meth:`capture`; what a kernel that reads them is compiled for ahead of a step."""
+        out = self._static[self.sizes[0]].out
+        return None if out is None else out.logits[:1]
+
     def replay_seconds(self, size: int, replays: int = 20) -> float:
         """Device seconds per replay of the size-``size`` graph, its buffers as the last step
         left them (a benchmark's measure of a decode step's device time alone, with no host

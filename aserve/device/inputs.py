@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import struct
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -28,6 +28,9 @@ from aserve.sampling.sampler import SamplingBatch, make_sampling_batch
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.decode_batch import DecodeBlock
 from aserve.scheduler.policy import Plan
+
+if TYPE_CHECKING:
+    from aserve.device.automata import AutomatonRows
 
 _NO_OUTPUTS: list[int] = []  # stands for the output of a request without penalties (never read)
 _NO_BAN: frozenset[int] = frozenset()
@@ -131,12 +134,20 @@ class DeviceInputs:
     plp_top: int = 0
     mask_rows: torch.Tensor | None = None  # [R] constrained rows of a greedy graph step
     mask_bits: torch.Tensor | None = None  # [R, words] their masks, once filled
+    # Or, every constrained row in a token automaton whose draw takes its own masks
+    # (AutomatonRows.argmax_): those rows and their packed table on the device.
+    automata: tuple[AutomatonRows, torch.Tensor] | None = None
 
     def with_masks(self, bits: torch.Tensor) -> DeviceInputs:
         """These inputs with the constrained rows' masks (a split step's, filled after launch)."""
         if self.sbatch is None:
             return dataclasses.replace(self, mask_bits=bits)
         return dataclasses.replace(self, sbatch=dataclasses.replace(self.sbatch, mask_bits=bits))
+
+    def with_automata(self, auto: AutomatonRows, packed: torch.Tensor) -> DeviceInputs:
+        """These inputs with every constrained row's masks left to its automaton (a greedy
+        step's draw in one launch: :meth:`AutomatonRows.argmax_`)."""
+        return dataclasses.replace(self, automata=(auto, packed))
 
     @classmethod
     def from_packed(cls, packed: torch.Tensor, host: StepInputs, sbatch: SamplingBatch | None) -> DeviceInputs:

@@ -325,8 +325,17 @@ class ModelRunner:
         publishes the constrained rows' tokens itself (``masked_argmax_``; the graph published
         the others). Otherwise the masks are applied in place (the buffer is the graph's,
         rewritten by its next replay) before the argmax."""
-        assert dev.mask_rows is not None and dev.mask_bits is not None, "a masked step without its masks"
         self.masked_graph_steps += 1
+        if dev.automata is not None:  # every constrained row in a token automaton: one launch
+            auto, packed = dev.automata
+            fm = self.future_map
+            if argmax is not None:  # a copy, as below
+                return SampleOutput(auto.argmax_(argmax.clone(), logits, packed, dev.rows, fm.states,
+                                                 (fm.tokens, dev.rows)), None, None, None)  # fmt: skip
+            tokens = auto.argmax_(logits.argmax(dim=-1), logits, packed, dev.rows, fm.states, None)
+            fm.publish(dev.rows, tokens, dev.gens)
+            return SampleOutput(tokens, None, None, None)
+        assert dev.mask_rows is not None and dev.mask_bits is not None, "a masked step without its masks"
         if logits.is_cuda and dev.mask_rows.shape[0] >= FUSED_ARGMAX_ROWS:
             from aserve.kernels.bitmask import masked_argmax_
 

@@ -157,7 +157,10 @@ class Engine:
             if graphs is not None and os.environ.get("ASERVE_SAMPLER_GRAPH", "1") != "0":
                 graphs.capture_masked(runner.forward_stream)
             if runner.automata.on and automata_on(parts.device.type):
-                automata_warm_up(parts.device)  # its kernels loaded now, not in a constrained step
+                # Its kernels loaded (and the one-launch draw compiled for the graphs' logits)
+                # now, not in a constrained step.
+                logits = None if graphs is None else graphs.logits_row()
+                automata_warm_up(parts.device, logits if runner.automata.one_launch else None)
         self.committer = Committer(self.scheduler, parts.tokenizer, self._on_finish)
         trace = TraceWriter(cfg.trace_path, self._t0) if cfg.trace_path else None
         self._recorder = StepRecorder(trace, runner.device_clock)

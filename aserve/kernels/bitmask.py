@@ -15,9 +15,14 @@ tokens into the FutureMap itself.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
+
+if TYPE_CHECKING:
+    from aserve.sampling.fsm import DeviceAutomaton
 
 _WORDS = 32  # mask words per program: 1,024 tokens
 
@@ -57,9 +62,13 @@ _ARGMAX_WORDS = 64  # mask words a program reads an iteration of the masked argm
 _NO_KEY = -1  # a row's combined key before any of its programs reported (every real key is >= 0)
 
 
-@triton.jit
-def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows, stride_l, stride_b, vocab,
-                          words_per_program, nsplit, PUBLISH: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
+# Arguments that vary from launch to launch without changing the code: no recompile for them
+# (a device path's first launch at a new batch size or automaton would otherwise compile).
+@triton.jit(do_not_specialize=["nsplit", "n_keys", "stride_auto"],
+            do_not_specialize_on_alignment=["Rows", "Start", "StateRows"])  # fmt: skip
+def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows, MaskOf, Start, States, StateRows,
+                          AutoKeys, AutoAfter, stride_l, stride_b, vocab, words_per_program, nsplit, n_keys,
+                          stride_auto, PUBLISH: tl.constexpr, AUTOMATON: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
     r = tl.program_id(0)
     s = tl.program_id(1)
     row = tl.load(Rows + r).to(tl.int64)
@@ -68,7 +77,15 @@ def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows
     end = tl.minimum(first + words_per_program, nwords)
     shifts = tl.arange(0, 32)
     lane = tl.arange(0, WORDS)
-    bits_row = Bits + r.to(tl.int64) * stride_b
+    if AUTOMATON:
+        # The row's automaton state: the host's (Start >= 0) or the one the device holds at its
+        # FutureMap row; its mask is a row of the automaton's table (Bits).
+        state_at = States + tl.load(StateRows + row)
+        state = tl.load(Start + r)
+        state = tl.where(state >= 0, state, tl.load(state_at))
+        bits_row = Bits + tl.load(MaskOf + state) * stride_b
+    else:
+        bits_row = Bits + r.to(tl.int64) * stride_b
     logits_row = Logits + row * stride_l
     # Per position of the [WORDS, 32] tile: the largest logit seen there and the first token
     # holding it (tokens rise from one iteration to the next, so a strict > keeps the first).
@@ -105,6 +122,18 @@ def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows
         tl.store(Out + row, token)
         if PUBLISH:
             tl.store(FmTokens + tl.load(FmRows + row), token)
+        if AUTOMATON:
+            # The state the token leads to: after[k], k the number of keys at most
+            # state * stride + token (DeviceAutomaton.step's searchsorted, as a binary search).
+            query = state * stride_auto + token
+            lo = tl.zeros((), tl.int64)
+            hi = lo + n_keys
+            while lo < hi:
+                mid = (lo + hi) // 2
+                below = tl.load(AutoKeys + mid) <= query
+                lo = tl.where(below, mid + 1, lo)
+                hi = tl.where(below, hi, mid)
+            tl.store(state_at, tl.load(AutoAfter + lo))
 
 
 class _Scratch:
@@ -154,6 +183,39 @@ def masked_argmax_(
     device, no host synchronisation. ``scratch``: the rows' keys and counts (int64 filled with
     -1, int32 zeros, at least R each; :func:`argmax_scratch`) when a captured graph must own
     its own, else the stream's shared ones. Returns ``out``."""
+    return _argmax(out, logits, rows, bits, publish, scratch, None)
+
+
+def automaton_argmax_(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    automaton: DeviceAutomaton,
+    start: torch.Tensor,
+    states: torch.Tensor,
+    state_rows: torch.Tensor,
+    publish: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """:func:`masked_argmax_` for rows in one token automaton, whose states stay on the device
+    (:mod:`aserve.device.automata`), in the same one launch: row ``rows[i]``'s state is
+    ``start[i]``, or where that is -1 ``states[state_rows[rows[i]]]``; its mask is the
+    automaton's for that state, and the state the drawn token leads to is written to
+    ``states[state_rows[rows[i]]]``. The same as ``automaton.masks_of``, the masked argmax and
+    ``automaton.step`` (three launches and more), with no mask written. start: [R] int64;
+    states, state_rows: int64 on the same device. Returns ``out``."""
+    return _argmax(out, logits, rows, automaton.masks, publish, scratch, (automaton, start, states, state_rows))
+
+
+def _argmax(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    bits: torch.Tensor,
+    publish: tuple[torch.Tensor, torch.Tensor] | None,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None,
+    automaton: tuple[DeviceAutomaton, torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
     vocab = logits.shape[1]
     r = rows.shape[0]
     if r == 0:
@@ -167,7 +229,15 @@ def masked_argmax_(
     nsplit = triton.cdiv(nwords, per)
     keys, count = _SCRATCH.get(logits.device, r) if scratch is None else scratch
     fm_tokens, fm_rows = publish if publish is not None else (out, rows)
-    _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, out, keys, count, fm_tokens, fm_rows, logits.stride(0),
-                                       bits.stride(0), vocab, per, nsplit, PUBLISH=publish is not None,
+    if automaton is None:
+        tables = (out, rows, out, rows, out, out)  # not read
+        n_keys = stride = 0
+    else:
+        a, start, states, state_rows = automaton
+        tables = (a.mask_of, start, states, state_rows, a.keys, a.after)
+        n_keys, stride = a.keys.shape[0], a.stride
+    _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, out, keys, count, fm_tokens, fm_rows, *tables,
+                                       logits.stride(0), bits.stride(0), vocab, per, nsplit, n_keys, stride,
+                                       PUBLISH=publish is not None, AUTOMATON=automaton is not None,
                                        WORDS=_ARGMAX_WORDS)  # fmt: skip
     return out

@@ -476,3 +476,42 @@ async def test_the_grammar_tokenizer_is_built_off_the_loop_before_serving(tiny_l
                 assert grammars._ll_tokenizer is not None
             outs.append([o.text for o in await _run_all(eng, jobs)])
     assert outs[0] == outs[1] and re.fullmatch(pattern, outs[0][0])
+
+
+async def test_automaton_rows_drawn_in_one_launch_match_llguidance(
+    tiny_llama: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Greedy decode-graph steps whose rows are all in token automata take their masks, masked
+    argmax and next states in one kernel launch a automaton (a GPU's default; on a CPU the
+    decode graph's body on its static buffers and Triton's interpreter,
+    ``ASERVE_FSM_ONE_LAUNCH=1``): the same tokens as the three apart and as llguidance alone
+    (serially, without graphs), with overlap, three automata in the batch beside free rows."""
+    specs = [StructuredOutputs(json=SCHEMAS[i]) for i in (5, 8)] + [
+        StructuredOutputs(choice=("alpha", "beta", "gamma"))
+    ]
+    jobs = [(f"request {i}:", aserve.SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=specs[i % 3]))
+            for i in range(6)]  # fmt: skip
+    jobs += [(f"free {i}:", aserve.SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)) for i in range(2)]
+    results = {}
+    for fsm, one_launch, graphs in (("0", "0", False), ("1", "0", True), ("1", "1", True)):
+        monkeypatch.setenv("ASERVE_GRAMMAR_FSM", fsm)
+        monkeypatch.setenv("ASERVE_FSM_ONE_LAUNCH", one_launch)
+        async with aserve.Engine(model=str(tiny_llama[0]), max_context=128, kv_cache_bytes=2**26, overlap=graphs,
+                                 attention_backend="triton", cuda_graph=graphs, cuda_graph_max_tokens=0, debug=True,
+                                 max_running_requests=8, warmup=False) as eng:  # fmt: skip
+            await eng.prepare_structured_outputs(*specs)
+            outs = await _run_all(eng, jobs)
+            results[fsm, one_launch] = [(o.token_ids, o.finish_reason) for o in outs]
+            for (_, params), out in zip(jobs[:6], outs, strict=False):
+                spec = params.structured_outputs
+                assert spec is not None
+                if spec.choice is not None:
+                    assert out.text in spec.choice, out.text
+                elif out.finish_reason == "stop":
+                    jsonschema.validate(json.loads(out.text), json.loads(str(spec.json)))
+            runner = eng.runner
+            assert (runner.fsm_device_steps > 0) == (fsm == "1"), runner.fsm_device_steps
+            drawn = runner.automata.one_launch_steps
+            assert (drawn > 0) == (one_launch == "1"), drawn
+            assert await _settled(eng)
+    assert results["0", "0"] == results["1", "0"] == results["1", "1"]

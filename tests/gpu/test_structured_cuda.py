@@ -203,26 +203,33 @@ def test_a_token_automatons_masks_gathered_on_the_device_draw_llguidances_tokens
     sampled = [(f"item {i}:", aserve.SamplingParams(max_tokens=40, temperature=1.0, seed=i, structured_outputs=spec))
                for i in range(20)]  # fmt: skip
 
-    async def run(overlap: bool, graphs: bool, jobs: list[Any] = jobs) -> tuple[list[Any], int, int, int]:
+    async def run(overlap: bool, graphs: bool, jobs: list[Any] = jobs) -> tuple[list[Any], int, int, int, int]:
         async with _automata_engine(tiny_llama, monkeypatch, overlap, graphs) as engine:
             await engine.prepare_structured_outputs(spec)
             r = engine.runner
-            return await _outputs(engine, jobs), r.fsm_gathers, r.fsm_device_steps, r.split_steps
+            outs = await _outputs(engine, jobs)
+            return outs, r.fsm_gathers, r.fsm_device_steps, r.split_steps, r.automata.one_launch_steps
 
-    reference, gathers_ref, on_device_ref, _ = anyio.run(run, False, False)
+    reference, gathers_ref, on_device_ref, _, _ = anyio.run(run, False, False)
     assert gathers_ref == 0 and on_device_ref == 0
-    on_device, gathers, on_device_steps, split = anyio.run(run, True, True)
-    assert on_device_steps > 0 and split == 0 and gathers == 0
+    # The defaults: a whole greedy step drawn in one launch (masks, masked argmax, next states).
+    on_device, gathers, on_device_steps, split, one_launch = anyio.run(run, True, True)
+    assert on_device_steps > 0 and split == 0 and gathers == 0 and 0 < one_launch <= on_device_steps
+    monkeypatch.setenv("ASERVE_FSM_ONE_LAUNCH", "0")  # the three apart
+    apart, gathers, on_device_steps, split, one_launch = anyio.run(run, True, True)
+    assert on_device_steps > 0 and split == 0 and gathers == 0 and one_launch == 0
+    monkeypatch.delenv("ASERVE_FSM_ONE_LAUNCH")
     monkeypatch.setenv("ASERVE_FSM_ON_DEVICE", "0")
-    gathered, gathers, on_device_steps, split = anyio.run(run, True, True)
+    gathered, gathers, on_device_steps, split, _ = anyio.run(run, True, True)
     assert gathers > 0 and split > 0 and on_device_steps == 0
-    for r, o, g in zip(reference, on_device, gathered, strict=True):
-        assert r.token_ids == o.token_ids == g.token_ids and r.finish_reason == o.finish_reason == g.finish_reason
+    for r, o, a, g in zip(reference, on_device, apart, gathered, strict=True):
+        assert r.token_ids == o.token_ids == a.token_ids == g.token_ids
+        assert r.finish_reason == o.finish_reason == a.finish_reason == g.finish_reason
         if o.finish_reason == "stop":
             jsonschema.validate(json.loads(o.text), schema)
     monkeypatch.delenv("ASERVE_FSM_ON_DEVICE")
-    drawn, _, on_device_steps, split = anyio.run(run, True, True, sampled)
-    assert on_device_steps > 0 and split == 0
+    drawn, _, on_device_steps, split, one_launch = anyio.run(run, True, True, sampled)
+    assert on_device_steps > 0 and split == 0 and one_launch == 0  # sampled: the sampler takes the masks
     assert sum(o.finish_reason == "stop" for o in drawn) >= len(drawn) // 2
     for o in drawn:
         if o.finish_reason == "stop":
@@ -245,13 +252,14 @@ def test_automaton_rows_beside_llguidance_rows_keep_their_states_on_the_device(
     jobs += [(f"code {i}:", aserve.SamplingParams(max_tokens=6, temperature=0.0,
               structured_outputs=StructuredOutputs(regex=PATTERN))) for i in range(8)]  # fmt: skip
 
-    async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int]:
+    async def run(overlap: bool, graphs: bool) -> tuple[list[Any], int, int, int]:
         async with _automata_engine(tiny_llama, monkeypatch, overlap, graphs) as engine:
             await engine.prepare_structured_outputs(*specs)
-            return await _outputs(engine, jobs), engine.runner.fsm_device_steps, engine.runner.split_steps
+            r = engine.runner
+            return await _outputs(engine, jobs), r.fsm_device_steps, r.split_steps, r.automata.one_launch_steps
 
-    reference, _, _ = anyio.run(run, False, False)
-    outs, whole, split = anyio.run(run, True, True)
-    assert whole > 0 and split > 0, (whole, split)
+    reference, _, _, _ = anyio.run(run, False, False)
+    outs, whole, split, one_launch = anyio.run(run, True, True)
+    assert whole > 0 and split > 0 and 0 < one_launch <= whole, (whole, split, one_launch)
     for r, o in zip(reference, outs, strict=True):
         assert r.token_ids == o.token_ids and r.finish_reason == o.finish_reason

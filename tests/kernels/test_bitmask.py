@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from aserve.kernels.bitmask import apply_bitmask_
+from aserve.sampling.fsm import DeviceAutomaton
 from aserve.sampling.masks import allowed_tokens, mask_words
 
 pytestmark = pytest.mark.slow
@@ -135,3 +136,62 @@ def test_masked_argmax_publishes_into_the_mailboxes(batch: int) -> None:
     want = torch.full_like(mailboxes, -3)
     want[table_rows[rows]] = expected[rows]
     assert torch.equal(mailboxes, want)
+
+
+def _random_automaton(states: int, vocab: int, g: torch.Generator) -> DeviceAutomaton:
+    """Tables in DeviceAutomaton's form, at random: a mask table with one all-ones row, each
+    state's mask among them, and ascending keys with random destinations (the kernel's binary
+    search against DeviceAutomaton.step's searchsorted, whatever the keys)."""
+    words = mask_words(vocab)
+    masks = torch.randint(-(2**31), 2**31 - 1, (5, words), generator=g, dtype=torch.int32)
+    masks[-1] = -1
+    masks[0] = 0
+    masks[0, 1] = 1 << 3  # a mask that allows one token (35)
+    mask_of = torch.randint(0, 5, (states,), generator=g)
+    mask_of[1] = 0
+    stride = words * 32
+    # No key of state 0: its queries are below every key (after[0]). State 1 allows token 35
+    # alone, whose query is a key itself (as every move of a real automaton is).
+    own = torch.tensor([stride, stride + 35, stride + 36])
+    keys = torch.cat([own, torch.randint(2 * stride, states * stride, (40,), generator=g)]).unique().sort().values
+    after = torch.randint(0, states, (keys.shape[0] + 1,), generator=g)
+    after[1:4] = torch.tensor([2, 5, 2])  # after state 1's base key, its token 35's own key, token 36's
+    return DeviceAutomaton(masks.to(DEVICE), mask_of.to(DEVICE), keys.to(DEVICE), after.to(DEVICE), stride, states - 1)
+
+
+@pytest.mark.parametrize(("batch", "vocab", "rows"), [(6, 3000, [4, 1, 3]), (300, 700, list(range(299, -1, -1)))])
+def test_automaton_argmax_is_the_masks_the_argmax_and_the_step(batch: int, vocab: int, rows: list[int]) -> None:
+    """One launch against DeviceAutomaton's own three steps (masks_of, the masked argmax,
+    step), over a walk of launches: each row's state from the host (start) or from the
+    device, its token drawn over that state's mask and published, its next state left on the
+    device; other rows' states and tokens untouched. 6 rows split each row's vocabulary over
+    several programs; 300 give a program a row."""
+    from aserve.kernels.bitmask import automaton_argmax_
+
+    g = torch.Generator().manual_seed(batch + vocab)
+    auto = _random_automaton(9, vocab, g)
+    row_t = torch.tensor(rows, dtype=torch.int64, device=DEVICE)
+    state_rows = (torch.randperm(batch, generator=g) + 3).to(DEVICE)  # the batch rows' FutureMap rows
+    states = torch.randint(0, 9, (batch + 3,), generator=g).to(DEVICE)
+    mailboxes = torch.full((batch + 3,), -3, dtype=torch.int64, device=DEVICE)
+    for walk in range(4):
+        logits = torch.randint(-3, 4, (batch, vocab), generator=g).to(DEVICE, torch.float32)  # ties
+        # The host's states on the first launch for every other row, then the device's.
+        start = torch.randint(0, 9, (len(rows),), generator=g).to(DEVICE)
+        if walk:
+            start[2::2] = -1
+        start[:2] = torch.tensor([0, 1])  # state 0 (below every key) and 1 (one token allowed)
+        now = torch.where(start >= 0, start, states[state_rows[row_t]])
+        expected = _masked_reference(logits, row_t, auto.masks_of(now))
+        want_states = states.clone()
+        want_states[state_rows[row_t]] = auto.step(now, expected[row_t])
+        want_mail = mailboxes.clone()
+        want_mail[state_rows[row_t]] = expected[row_t]
+        out = torch.full((batch,), -7, dtype=torch.int64, device=DEVICE)
+        assert automaton_argmax_(out, logits, row_t, auto, start, states, state_rows, (mailboxes, state_rows)) is out
+        assert torch.equal(out[row_t], expected[row_t])
+        assert (out[[r for r in range(batch) if r not in rows]] == -7).all()
+        assert torch.equal(states, want_states)  # the rows' next states, and nothing else
+        assert torch.equal(mailboxes, want_mail)
+        assert out[rows[1]].item() == 35  # the one token state 1 allows, to state 5
+        assert states[state_rows[rows[1]]].item() == 5
