@@ -56,7 +56,9 @@ def run_throughput(
             loop = engine._loop
             split = {"split_steps": engine.runner.split_steps, "planned_ahead": loop.planned_ahead,
                      "early_samplers": loop.early_samplers, "launched_behind": loop.launched_behind,
-                     "fsm_device_steps": engine.runner.fsm_device_steps}  # fmt: skip
+                     "fsm_device_steps": engine.runner.fsm_device_steps,
+                     "fsm_steady_steps": engine.runner.fsm_steady_steps,
+                     "fsm_one_launch_steps": engine.runner.automata.one_launch_steps}  # fmt: skip
         out_tokens = sum(len(r.token_ids) for r in res)
         decode = [r for r in recs if r.num_decodes == r.num_seqs]
         gaps = [r.device_gap_s for r in decode if r.device_gap_s is not None]
