@@ -126,7 +126,7 @@ def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows
             # The state the token leads to: after[k], k the number of keys at most
             # state * stride + token (DeviceAutomaton.step's searchsorted, as a binary search).
             query = state * stride_auto + token
-            lo = tl.zeros((), tl.int64)
+            lo = state * 0  # int64 scalars
             hi = lo + n_keys
             while lo < hi:
                 mid = (lo + hi) // 2
