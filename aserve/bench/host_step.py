@@ -3,7 +3,7 @@
     python -m aserve.bench.host_step --out host_step.json [--batches 64,256,512]
     python -m aserve.bench.host_step --mixed --out host_mixed.json   # W1-like mixed steps
     python -m aserve.bench.host_step --constrained --out host_json.json  # a JSON schema's rows (commit: advance + rest)
-    python -m aserve.bench.host_step --constrained --automata --out host_fsm.json  # the same rows by its token automaton
+    python -m aserve.bench.host_step --constrained --automata --out host_fsm.json  # the same rows by its token automaton (no host fill)
 
 One steady greedy decode step is, on the host: ``Scheduler.schedule()`` (plan),
 ``build_inputs`` on the CUDA-graph fast path plus the step's snapshot of its sequences
@@ -97,13 +97,27 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
     distinct: list[int] = []
     nonzero_words: list[float] = []
 
+    automata = grammars is not None and grammars.fsms is not None
+    allowed: dict[int, list[int]] = {}  # an automaton's mask row -> the tokens it allows
+
     def tokens_for(plan: Plan, host: Any) -> StepOutputs:
-        """Token 7 for every row, or with grammars a token each constrained row's mask allows."""
+        """Token 7 for every row, or with grammars a token each constrained row's mask allows
+        (with automata, from its state's row of the automaton's masks: no fill, as on a GPU,
+        where the device gathers them)."""
         reqs = plan.reqs()
         out = [7] * len(reqs)
         if grammars is None:
             return StepOutputs(token_ids=out)
         rows = host.grammar_rows
+        if automata:
+            for i, st in rows:
+                fsm = st.fsm
+                row = fsm.row_of(st)
+                if row not in allowed:
+                    bits = fsm.masks[row].tolist()
+                    allowed[row] = [32 * w + b for w, x in enumerate(bits) if x for b in range(32) if x >> b & 1]
+                out[i] = picks[int(reqs[i].rid[1:])].choice(allowed[row])
+            return StepOutputs(token_ids=out)
         t0 = time.perf_counter()
         masks = fill_masks([g for _, g in rows])
         fill_us.append((time.perf_counter() - t0) * 1e6)
@@ -122,6 +136,8 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
 
     def launch(plan: Plan, index: int) -> Any:
         host = build_inputs(plan, graphs)
+        if automata:
+            runner.automata.rows(plan, host)  # which rows' states the device holds (a GPU's launch)
         step = runner._step(index, plan, done, done, done, [host])
         step.grammar_rows = host.grammar_rows
         for r in plan.reqs():
@@ -173,9 +189,10 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         "plan_us_per_req": p / batch, "launch_host_us_per_req": lu / batch, "commit_us_per_req": c / batch,
     }  # fmt: skip
     if grammars is not None:
-        out.update(fill_us=med(fill_us), advance_us=med(advance_us), fill=grammars.filler.spec,
+        out.update(fill_us=med(fill_us) if fill_us else None, advance_us=med(advance_us), fill=grammars.filler.spec,
                    mask_cache_hits=grammars.masks.hits, mask_cache_misses=grammars.masks.misses,
-                   distinct_masks=med(distinct), nonzero_words_per_row=statistics.mean(nonzero_words))  # fmt: skip
+                   distinct_masks=med(distinct) if distinct else None,
+                   nonzero_words_per_row=statistics.mean(nonzero_words) if nonzero_words else None)  # fmt: skip
     return out
 
 
@@ -291,8 +308,12 @@ def main() -> None:
     fill = f"{'fill us':>9}{'(advance us)':>14}{'distinct masks':>16}{'words set/row':>15}" if grammars else ""
     print(f"{'batch':>6}{'plan us':>10}{'launch us':>11}{'commit us':>11}{'total us':>10}{'us/req':>8}{fill}")
     for r in rows:
-        fill = (f"{r['fill_us']:>9.0f}{r['advance_us']:>14.0f}{r['distinct_masks']:>16.0f}"
-                f"{r['nonzero_words_per_row']:>15.1f}") if grammars else ""  # fmt: skip
+        fill = ""
+        if grammars is not None and r["fill_us"] is None:  # automata: no fill on the host
+            fill = f"{'-':>9}{r['advance_us']:>14.0f}{'-':>16}{'-':>15}"
+        elif grammars is not None:
+            fill = (f"{r['fill_us']:>9.0f}{r['advance_us']:>14.0f}{r['distinct_masks']:>16.0f}"
+                    f"{r['nonzero_words_per_row']:>15.1f}")  # fmt: skip
         print(f"{r['batch']:>6}{r['plan_us']:>10.0f}{r['launch_host_us']:>11.0f}{r['commit_us']:>11.0f}"
               f"{r['total_us']:>10.0f}{r['per_request_us']:>8.2f}{fill}")  # fmt: skip
 
