@@ -192,7 +192,8 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         out.update(fill_us=med(fill_us) if fill_us else None, advance_us=med(advance_us), fill=grammars.filler.spec,
                    mask_cache_hits=grammars.masks.hits, mask_cache_misses=grammars.masks.misses,
                    distinct_masks=med(distinct) if distinct else None,
-                   nonzero_words_per_row=statistics.mean(nonzero_words) if nonzero_words else None)  # fmt: skip
+                   nonzero_words_per_row=statistics.mean(nonzero_words) if nonzero_words else None,
+                   steady_steps=runner.automata.steady_steps)  # fmt: skip
     return out
 
 
