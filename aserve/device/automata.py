@@ -164,7 +164,8 @@ def warm_up(device: torch.device, logits: torch.Tensor | None = None) -> torch.T
         from aserve.sampling.masks import mask_words
 
         # Every token allowed: the draw is the plain argmax; states' row 1 takes the move.
-        wide = tables._replace(masks=torch.full((2, mask_words(logits.shape[1])), -1, dtype=torch.int32, device=device))
+        words = mask_words(logits.shape[1])
+        wide = tables._replace(masks=torch.full((2, words), -1, dtype=torch.int32, device=device), stride=32 * words)
         rows = AutomatonRows([_Group(wide, 0, 1, -1, True)], put([0, 0, -1]), 1, True)
         tokens = put([0])
         rows.argmax_(tokens, logits[:1], rows.packed, put([1]), states, (tokens.clone(), put([0])))

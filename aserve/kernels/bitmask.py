@@ -204,6 +204,9 @@ def automaton_argmax_(
     ``states[state_rows[rows[i]]]``. The same as ``automaton.masks_of``, the masked argmax and
     ``automaton.step`` (three launches and more), with no mask written. start: [R] int64;
     states, state_rows: int64 on the same device. Returns ``out``."""
+    # Its masks as wide as the logits' (a wider table's rows would be read at the wrong words,
+    # a narrower stride would let a token's key cross into the next state's).
+    assert automaton.masks.shape[1] == triton.cdiv(logits.shape[1], 32) <= automaton.stride // 32
     return _argmax(out, logits, rows, automaton.masks, publish, scratch, (automaton, start, states, state_rows))
 
 

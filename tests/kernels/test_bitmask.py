@@ -152,15 +152,21 @@ def _random_automaton(states: int, vocab: int, g: torch.Generator) -> DeviceAuto
     stride = words * 32
     # No key of state 0: its queries are below every key (after[0]). State 1 allows token 35
     # alone, whose query is a key itself (as every move of a real automaton is).
-    own = torch.tensor([stride, stride + 35, stride + 36])
-    keys = torch.cat([own, torch.randint(2 * stride, states * stride, (40,), generator=g)]).unique().sort().values
+    # The last state (done) has one key, the largest: its queries are above every other key
+    # and lead back to it (after[M]).
+    own = torch.tensor([stride, stride + 35, stride + 36, (states - 1) * stride])
+    keys = torch.cat([own, torch.randint(2 * stride, (states - 1) * stride, (40,), generator=g)]).unique().sort().values
     after = torch.randint(0, states, (keys.shape[0] + 1,), generator=g)
     after[1:4] = torch.tensor([2, 5, 2])  # after state 1's base key, its token 35's own key, token 36's
+    after[-1] = states - 1
     return DeviceAutomaton(masks.to(DEVICE), mask_of.to(DEVICE), keys.to(DEVICE), after.to(DEVICE), stride, states - 1)
 
 
-@pytest.mark.parametrize(("batch", "vocab", "rows"), [(6, 3000, [4, 1, 3]), (300, 700, list(range(299, -1, -1)))])
-def test_automaton_argmax_is_the_masks_the_argmax_and_the_step(batch: int, vocab: int, rows: list[int]) -> None:
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("batch", "vocab", "rows"), [(6, 3000, [4, 1, 3, 0, 5]), (300, 700, list(range(299, -1, -1)))])
+def test_automaton_argmax_is_the_masks_the_argmax_and_the_step(
+    dtype: torch.dtype, batch: int, vocab: int, rows: list[int]
+) -> None:
     """One launch against DeviceAutomaton's own three steps (masks_of, the masked argmax,
     step), over a walk of launches: each row's state from the host (start) or from the
     device, its token drawn over that state's mask and published, its next state left on the
@@ -175,12 +181,14 @@ def test_automaton_argmax_is_the_masks_the_argmax_and_the_step(batch: int, vocab
     states = torch.randint(0, 9, (batch + 3,), generator=g).to(DEVICE)
     mailboxes = torch.full((batch + 3,), -3, dtype=torch.int64, device=DEVICE)
     for walk in range(4):
-        logits = torch.randint(-3, 4, (batch, vocab), generator=g).to(DEVICE, torch.float32)  # ties
-        # The host's states on the first launch for every other row, then the device's.
+        logits = torch.randint(-3, 4, (batch, vocab), generator=g).to(DEVICE, dtype)  # ties
+        # The host's states on the first launch, then every other row's from the device; rows
+        # 0-2 the host's each time: state 0 (below every key), 1 (one token allowed) and 8
+        # (done: above every other key).
         start = torch.randint(0, 9, (len(rows),), generator=g).to(DEVICE)
         if walk:
-            start[2::2] = -1
-        start[:2] = torch.tensor([0, 1])  # state 0 (below every key) and 1 (one token allowed)
+            start[3::2] = -1
+        start[:3] = torch.tensor([0, 1, 8])
         now = torch.where(start >= 0, start, states[state_rows[row_t]])
         expected = _masked_reference(logits, row_t, auto.masks_of(now))
         want_states = states.clone()
@@ -195,3 +203,4 @@ def test_automaton_argmax_is_the_masks_the_argmax_and_the_step(batch: int, vocab
         assert torch.equal(mailboxes, want_mail)
         assert out[rows[1]].item() == 35  # the one token state 1 allows, to state 5
         assert states[state_rows[rows[1]]].item() == 5
+        assert states[state_rows[rows[2]]].item() == 8  # done stays done

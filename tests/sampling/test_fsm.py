@@ -362,3 +362,5 @@ def test_the_device_paths_warm_up_moves_a_state_on() -> None:
     from aserve.device.automata import warm_up
 
     assert warm_up(torch.device("cpu")).tolist() == [1, 0]
+    # With a row of logits, the one-launch draw too (here in Triton's interpreter).
+    assert warm_up(torch.device("cpu"), torch.zeros(2, 100)).tolist() == [1, 0]
