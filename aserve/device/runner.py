@@ -327,13 +327,12 @@ class ModelRunner:
         rewritten by its next replay) before the argmax."""
         self.masked_graph_steps += 1
         if dev.automata is not None:  # every constrained row in a token automaton: one launch
+            # Set on decode-graph steps only (``mask_rows``), which bring the graph's argmax: a
+            # copy, as below.
+            assert argmax is not None, "a one-launch draw after a decode graph"
             auto, packed = dev.automata
             fm = self.future_map
-            if argmax is not None:  # a copy, as below
-                return SampleOutput(auto.argmax_(argmax.clone(), logits, packed, dev.rows, fm.states,
-                                                 (fm.tokens, dev.rows)), None, None, None)  # fmt: skip
-            tokens = auto.argmax_(logits.argmax(dim=-1), logits, packed, dev.rows, fm.states, None)
-            fm.publish(dev.rows, tokens, dev.gens)
+            tokens = auto.argmax_(argmax.clone(), logits, packed, dev.rows, fm.states, (fm.tokens, dev.rows))
             return SampleOutput(tokens, None, None, None)
         assert dev.mask_rows is not None and dev.mask_bits is not None, "a masked step without its masks"
         if logits.is_cuda and dev.mask_rows.shape[0] >= FUSED_ARGMAX_ROWS:
