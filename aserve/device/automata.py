@@ -53,6 +53,12 @@ class _Group(NamedTuple):
     source: int  # where its rows' states are: 1 all on the host's (``start``), -1 all on the device, 0 some of each
     every: bool  # its rows are the step's batch rows 0, 1, ..., all of them (no gathers by batch row)
 
+    def parts(self, packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Its rows' places among the step's constrained rows, batch rows and states in
+        ``packed`` (views)."""
+        at, n = self.offset, self.rows
+        return packed[at : at + n], packed[at + n : at + 2 * n], packed[at + 2 * n : at + 3 * n]
+
 
 class AutomatonRows:
     """A step's constrained rows in token automata, grouped by automaton. ``packed`` (int64,
@@ -71,7 +77,7 @@ class AutomatonRows:
         returns their places among the step's constrained rows."""
         self._drawn, places = [], []
         for g in self.groups:
-            at, idx, start = (packed[g.offset + k * g.rows : g.offset + (k + 1) * g.rows] for k in range(3))
+            at, idx, start = g.parts(packed)
             rows = batch_rows if g.every else batch_rows.index_select(0, idx)
             if g.source == 1:
                 now = start
@@ -110,7 +116,7 @@ class AutomatonRows:
 
         assert self.whole, "the draw of a step whose every constrained row is here"
         for g in self.groups:
-            idx, start = (packed[g.offset + k * g.rows : g.offset + (k + 1) * g.rows] for k in (1, 2))
+            _, idx, start = g.parts(packed)
             automaton_argmax_(out, logits, idx, g.tables, start, states, batch_rows, publish)
         return out
 
@@ -132,7 +138,7 @@ class AutomatonRows:
         state is then on the device (a decode block's next step with the same members)."""
         packed = self.packed.clone()
         for g in self.groups:
-            packed[g.offset + 2 * g.rows : g.offset + 3 * g.rows] = -1
+            g.parts(packed)[2].fill_(-1)
         return AutomatonRows([g._replace(source=-1) for g in self.groups], packed, self.rows, self.whole)
 
     def keep(self) -> list[Any]:
