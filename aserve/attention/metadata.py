@@ -8,7 +8,6 @@ table; its first ``prefix_lens[i]`` tokens are already in the cache, and this st
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -39,9 +38,6 @@ class AttentionMetadata:
     # A fixed-shape extend step (a CUDA graph's, aserve/device/extend_graphs.py): T is a padded
     # bound, its padding tokens belong to no sequence, and the host lengths are not given.
     token_bound: int | None = None
-    # Called on the host right before and right after each layer's attention kernels are
-    # launched (a decode graph's two half batches take turns there, aserve/device/decode_graphs.py).
-    fence: tuple[Callable[[], None], Callable[[], None]] | None = None
 
     @property
     def num_seqs(self) -> int:

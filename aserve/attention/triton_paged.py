@@ -347,14 +347,8 @@ def attend_triton(
     """Attention of q [T, H, D] over the caches, whose new tokens' K/V are already written."""
     assert q.shape[2] in (16, 32, 64, 128, 256), f"head_dim {q.shape[2]} is not supported by the Triton kernels"
     q = q.contiguous()
-    if meta.fence is not None:
-        meta.fence[0]()
     if meta.all_decode:
         bound = meta.max_seq_len if meta.seq_len_bound is None else meta.seq_len_bound
-        out = _decode(q, k_cache, v_cache, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, bound, scale,
-                      sliding_window, torch.empty_like(q))  # fmt: skip
-    else:
-        out = _extend(q, k_cache, v_cache, meta, scale, sliding_window)
-    if meta.fence is not None:
-        meta.fence[1]()
-    return out
+        return _decode(q, k_cache, v_cache, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, bound, scale,
+                       sliding_window, torch.empty_like(q))  # fmt: skip
+    return _extend(q, k_cache, v_cache, meta, scale, sliding_window)

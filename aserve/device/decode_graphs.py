@@ -29,9 +29,7 @@ three copies, two waits, a Triton launch and their events (docs/architecture.md,
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -39,7 +37,6 @@ import torch
 
 from aserve.attention.metadata import AttentionMetadata
 from aserve.device.future_map import FutureMap
-from aserve.device.streams import SIDE_STREAMS, on_stream, take_side_stream
 from aserve.kv.pool import KVPool
 from aserve.progress import phase
 
@@ -95,57 +92,6 @@ def capture_graphs(
     return out
 
 
-@dataclass(frozen=True)
-class Halves:
-    """A decode graph's batch as two half batches, each on its own stream inside the graph,
-    so that one half's small, latency-bound kernels (GEMMs of a few rows, norms) run while the
-    other's memory-bound attention streams its keys (issue 15; NanoFlow's nano-batches).
-
-    ``min_size``: padded sizes from this one up are split. ``turns``: the halves' attention
-    kernels take turns (half A's layer ``i`` after B's ``i - 1``, B's after A's ``i``), so
-    that each attention runs beside the other half's chain instead of beside its attention."""
-
-    min_size: int = 128
-    turns: bool = True
-
-
-def halves_from_env() -> Halves | None:
-    """``ASERVE_DECODE_HALVES``: unset, empty or ``0``: off; ``turns[:N]`` or ``free[:N]``:
-    split padded sizes from ``N`` up (default 128), their attention in turns or not."""
-    spec = os.environ.get("ASERVE_DECODE_HALVES", "")
-    if spec in ("", "0"):
-        return None
-    mode, _, size = spec.partition(":")
-    if mode not in ("turns", "free"):
-        raise ValueError(f"ASERVE_DECODE_HALVES={spec!r}: expected turns[:N] or free[:N]")
-    return Halves(int(size or 128), mode == "turns")
-
-
-class _Turns:
-    """The events that make two half batches' attention kernels take turns (``Halves.turns``):
-    each half records one after each layer's attention; half 0 waits for half 1's previous
-    layer, half 1 for half 0's same layer."""
-
-    def __init__(self, streams: Sequence[Any], layers: int) -> None:
-        self.streams = streams
-        self.done = [[torch.cuda.Event() for _ in range(layers)] for _ in streams]
-        self.count = [0, 0]
-
-    def fence(self, half: int) -> tuple[Callable[[], None], Callable[[], None]]:
-        def before() -> None:
-            i = self.count[half]
-            if half == 1:
-                self.streams[1].wait_event(self.done[0][i])
-            elif i > 0:
-                self.streams[0].wait_event(self.done[1][i - 1])
-
-        def after() -> None:
-            self.done[half][self.count[half]].record(self.streams[half])
-            self.count[half] += 1
-
-        return before, after
-
-
 def ladder(max_batch: int) -> list[int]:
     """Padded batch sizes, one graph each: 1, 2, 4, 8, then every 8 to 64, every 16 to 256 and
     every 32 beyond, and ``max_batch`` itself: a batch pads by at most 15 rows up to 256 (31
@@ -160,18 +106,9 @@ def ladder(max_batch: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(
-        self,
-        model: torch.nn.Module,
-        pool: KVPool,
-        future_map: FutureMap,
-        device: torch.device,
-        max_batch: int,
-        halves: Halves | None = None,
+        self, model: torch.nn.Module, pool: KVPool, future_map: FutureMap, device: torch.device, max_batch: int
     ) -> None:
         self.model = model
-        self.halves = halves if halves is not None else halves_from_env()
-        self._side: Any = None  # the halves' second stream (CUDA), from SIDE_STREAMS
-        self._turns: list[_Turns] = []  # the captured graphs' events, kept as long as the graphs
         self.pool = pool
         self.future_map = future_map
         self.device = device
@@ -203,90 +140,32 @@ class DecodeGraphs:
         n = pad - len(rows)
         return rows + [self.pool.pad_row] * n + positions + [-1] * n + slots + [self.pool.pad_slot] * n
 
-    def _meta(
-        self, rows: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor
-    ) -> AttentionMetadata:
-        b = rows.shape[0]
-        return AttentionMetadata(
+    def _body(self, s: _Static) -> GraphOutputs:
+        rows, pos, slots = s.inputs[0], s.inputs[1], s.inputs[2]
+        b = s.size
+        positions = pos.clamp(min=0)
+        table = self.pool.table_device
+        table[rows, positions] = slots
+        input_ids = self.future_map.tokens[rows]
+        meta = AttentionMetadata(
             positions=positions,
             out_cache_loc=slots,
             req_pool_indices=rows,
             prefix_lens=positions,
             extend_lens=torch.ones(b, dtype=torch.int64, device=self.device),
             seq_lens=pos + 1,  # padded rows: 0, they read no key
-            req_to_token=self.pool.table_device,
+            req_to_token=table,
             logits_indices=torch.arange(b, device=self.device),
             prefix_lens_cpu=[0] * b,
             extend_lens_cpu=[1] * b,
             backend="triton",
             seq_len_bound=self.pool.max_context,
         )
-
-    def _body(self, s: _Static) -> GraphOutputs:
-        rows, pos, slots = s.inputs[0], s.inputs[1], s.inputs[2]
-        positions = pos.clamp(min=0)
-        self.pool.table_device[rows, positions] = slots
-        input_ids = self.future_map.tokens[rows]
         with torch.inference_mode():
-            if self.halves is not None and s.size >= max(2, self.halves.min_size):
-                logits, tokens = self._halves_forward(input_ids, rows, pos, slots, positions)
-            else:
-                meta = self._meta(rows, pos, slots, positions)
-                logits = self.model(input_ids, meta, self.pool.kv_cache, head_dtype=True)  # [Bp, V]
-                tokens = logits.argmax(dim=-1)
+            logits = self.model(input_ids, meta, self.pool.kv_cache, head_dtype=True)  # [Bp, V]
+            tokens = logits.argmax(dim=-1)
             self.future_map.tokens[rows] = tokens
         return GraphOutputs(logits, tokens, input_ids)
-
-    def _halves_forward(
-        self, input_ids: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, slots: torch.Tensor,
-        positions: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
-        """The model's forward, head and argmax as two half batches (:class:`Halves`), on two
-        streams on CUDA (the current one and ``_side``, forked here and joined at the end),
-        one after the other on a CPU. Each half computes what the model computes on that half
-        alone. Every tensor the side stream reads is allocated before the fork or on it, and
-        stays referenced until the join."""
-        model, halves = self.model, self.halves
-        assert halves is not None
-        b = rows.shape[0]
-        parts = (slice(0, b // 2), slice(b // 2, b))
-        logits = torch.empty(b, model.config.vocab_size, dtype=model.logits_dtype(head_dtype=True), device=self.device)
-        tokens = torch.empty(b, dtype=torch.int64, device=self.device)
-        streams: list[Any] = [None, None]
-        if self.device.type == "cuda":
-            if self._side is None:
-                self._side = take_side_stream(self.device)
-            streams = [torch.cuda.current_stream(self.device), self._side]
-            self._side.wait_stream(streams[0])
-
-        def on(half: int) -> Any:
-            return nullcontext() if streams[half] is None else on_stream(streams[half])
-
-        layers = model.model.layers
-        norms = [*(layer.input_layernorm for layer in layers), model.model.norm]
-        turns = _Turns(streams, len(layers)) if halves.turns and streams[0] is not None else None
-        state: list[list[Any]] = []
-        for half, part in enumerate(parts):
-            with on(half):
-                meta = self._meta(rows[part], pos[part], slots[part], positions[part])
-                if turns is not None:
-                    meta.fence = turns.fence(half)
-                h = model.embed(input_ids[part])
-                state.append([meta, model.layer_rope(meta.positions, h.dtype), h, norms[0](h)])
-        for layer, kv, next_norm in zip(layers, self.pool.kv_cache, norms[1:], strict=True):
-            for half, st in enumerate(state):
-                with on(half):
-                    meta, rope, h, x = st
-                    st[2], st[3] = layer(h, x, rope(layer), meta, kv, next_norm)
-        for half, (part, st) in enumerate(zip(parts, state, strict=True)):
-            with on(half):
-                model.logits(st[3], logits[part], head_dtype=True)
-                torch.argmax(logits[part], dim=-1, out=tokens[part])
-        if turns is not None:
-            self._turns.append(turns)
-        if streams[0] is not None:
-            streams[0].wait_stream(streams[1])
-        return logits, tokens
 
     def capture(self, stream: Any) -> None:
         """CUDA: capture one graph per size (largest first, sharing one memory pool)."""
@@ -384,10 +263,6 @@ class DecodeGraphs:
             g.reset()
         self._masked.clear()
         self.masked = None
-        self._turns.clear()
-        if self._side is not None:
-            SIDE_STREAMS.give_back(self._side.device_index, self._side)
-            self._side = None
         for s in self._static.values():
             if s.graph is not None:
                 s.graph.reset()

@@ -58,15 +58,6 @@ def take_runner_streams(device: torch.device) -> tuple[torch.cuda.Stream, torch.
     return RUNNER_STREAMS.take(index, lambda: _new_runner_streams(torch.device("cuda", index)))
 
 
-# A decode graph's second stream (its other half batch runs there; aserve/device/decode_graphs.py).
-SIDE_STREAMS: StreamPool[torch.cuda.Stream] = StreamPool()
-
-
-def take_side_stream(device: torch.device) -> torch.cuda.Stream:
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return SIDE_STREAMS.take(index, lambda: torch.cuda.Stream(torch.device("cuda", index)))
-
-
 def give_back_runner_streams(streams: tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream]) -> None:
     RUNNER_STREAMS.give_back(streams[0].device_index, streams)
 
