@@ -209,12 +209,12 @@ def _decode_launch_from_env() -> DecodeLaunch:
     spec = os.environ.get("ASERVE_DECODE_LAUNCH")
     if not spec:
         return DecodeLaunch()
-    block_n, num_warps, num_stages = (int(x) for x in spec.split(","))
-    return DecodeLaunch(block_n=block_n, num_warps=num_warps, num_stages=num_stages)
+    block_n, num_warps, num_stages, *splits = (int(x) for x in spec.split(","))
+    return DecodeLaunch(block_n=block_n, num_warps=num_warps, num_stages=num_stages, splits=splits[0] if splits else 0)
 
 
 # The decode kernel's launch parameters: DecodeLaunch's defaults, or ``ASERVE_DECODE_LAUNCH`` =
-# ``block_n,num_warps,num_stages`` (for benchmarks; read at import). A sweep at batch 256,
+# ``block_n,num_warps,num_stages[,splits]`` (for benchmarks; read at import). A sweep at batch 256,
 # context 1024 on an H200 (``python -m aserve.bench.decode_kernels``) put 64 keys a block with
 # two stages 10% ahead for Llama 3.2 1B's 64-wide heads in isolation; in the whole decode step
 # (graph replays, the same call) it was on par there (4.26 against 4.29 / 4.30 ms) and far

@@ -8,8 +8,8 @@ input buffer, one replay and one D2H copy:
 1. the request-to-token table gets each sequence's new slot;
 2. the input tokens are gathered from the FutureMap (the previous step's samples);
 3. the model forward (Triton decode attention, whose grid depends only on the padded size);
-4. greedy tokens (``argmax`` of the logits in the head's dtype) are published back into the
-   FutureMap.
+4. greedy tokens (the argmax of the logits in the head's dtype; on CUDA the split-row kernel
+   of :func:`aserve.kernels.bitmask.argmax_`) are published back into the FutureMap.
 
 Padded rows use the pool's spare table row and the FutureMap's spare row, position -1
 (``seq_len`` 0: they read no key) and the pad slot (their K/V writes land there). A step
@@ -29,6 +29,7 @@ three copies, two waits, a Triton launch and their events (docs/architecture.md,
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -68,6 +69,12 @@ class _MaskedBuffers(NamedTuple):
     host_tokens: torch.Tensor  # [max] int64, pinned: its copy back
     rows: torch.Tensor  # [max] int64: 0, 1, ... (every row of a size is masked)
     scratch: tuple[torch.Tensor, torch.Tensor]  # the kernel's keys and counts (bitmask.argmax_scratch)
+
+
+# A decode graph's greedy argmax on CUDA: the split-row kernel (``bitmask.argmax_``, a row's
+# vocabulary over two programs at 256 rows, publishing into the FutureMap itself), or with
+# ``ASERVE_GRAPH_ARGMAX=torch`` torch's (one block a row) and an index_put (to measure).
+SPLIT_ARGMAX = os.environ.get("ASERVE_GRAPH_ARGMAX", "split") != "torch"
 
 
 def capture_graphs(
@@ -115,6 +122,12 @@ class DecodeGraphs:
         self.sizes = ladder(max_batch)
         future_map.tokens[pool.pad_row] = 0  # padded rows gather from here (debug poisons the rest)
         self._static = {b: self._buffers(b) for b in self.sizes}
+        # The split-row argmax's rows (0, 1, ...) and scratch, shared by every size (CUDA).
+        self._argmax: tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]] | None = None
+        if device.type == "cuda" and SPLIT_ARGMAX:
+            from aserve.kernels.bitmask import argmax_scratch
+
+            self._argmax = torch.arange(self.sizes[-1], device=device), argmax_scratch(self.sizes[-1], device)
         self.runs = 0  # decode steps served from the static buffers (replays on CUDA)
         self._masked: dict[int, Any] = {}  # size -> the masked argmax's graph (CUDA)
         self.masked: _MaskedBuffers | None = None  # their buffers, once captured
@@ -163,8 +176,15 @@ class DecodeGraphs:
         )
         with torch.inference_mode():
             logits = self.model(input_ids, meta, self.pool.kv_cache, head_dtype=True)  # [Bp, V]
-            tokens = logits.argmax(dim=-1)
-            self.future_map.tokens[rows] = tokens
+            if self._argmax is not None:
+                from aserve.kernels.bitmask import argmax_
+
+                tokens = torch.empty(b, dtype=torch.int64, device=self.device)
+                index, scratch = self._argmax
+                argmax_(tokens, logits, index[:b], (self.future_map.tokens, rows), scratch)
+            else:
+                tokens = logits.argmax(dim=-1)
+                self.future_map.tokens[rows] = tokens
         return GraphOutputs(logits, tokens, input_ids)
 
     def capture(self, stream: Any) -> None:
@@ -267,6 +287,7 @@ class DecodeGraphs:
             if s.graph is not None:
                 s.graph.reset()
         self._static.clear()
+        self._argmax = None
 
     def run(self, graph_inputs: torch.Tensor) -> GraphOutputs:
         """Replay (CUDA) or run (CPU) the graph for ``graph_inputs`` ([3, Bp] on the device)."""

@@ -68,7 +68,8 @@ _NO_KEY = -1  # a row's combined key before any of its programs reported (every 
             do_not_specialize_on_alignment=["Rows", "Start", "StateRows"])  # fmt: skip
 def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows, MaskOf, Start, States, StateRows,
                           AutoKeys, AutoAfter, stride_l, stride_b, vocab, words_per_program, nsplit, n_keys,
-                          stride_auto, PUBLISH: tl.constexpr, AUTOMATON: tl.constexpr, WORDS: tl.constexpr):  # fmt: skip
+                          stride_auto, PUBLISH: tl.constexpr, AUTOMATON: tl.constexpr, MASKED: tl.constexpr,
+                          WORDS: tl.constexpr):  # fmt: skip
     r = tl.program_id(0)
     s = tl.program_id(1)
     row = tl.load(Rows + r).to(tl.int64)
@@ -93,9 +94,12 @@ def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows
     at = tl.zeros((WORDS, 32), tl.int32)
     for w0 in range(first, end, WORDS):
         words = w0 + lane
-        bits = tl.load(bits_row + words, mask=words < end, other=0)
         tokens = words[:, None] * 32 + shifts[None, :]
-        keep = (((bits[:, None] >> shifts[None, :]) & 1) != 0) & (tokens < vocab)
+        if MASKED:
+            bits = tl.load(bits_row + words, mask=words < end, other=0)
+            keep = (((bits[:, None] >> shifts[None, :]) & 1) != 0) & (tokens < vocab)
+        else:
+            keep = (words[:, None] < end) & (tokens < vocab)
         # A disallowed token's logit is never read: a row the grammar narrows to a few tokens
         # costs its mask and the sectors holding those few.
         x = tl.load(logits_row + tokens, mask=keep, other=float("-inf")).to(tl.float32)
@@ -186,6 +190,20 @@ def masked_argmax_(
     return _argmax(out, logits, rows, bits, publish, scratch, None)
 
 
+def argmax_(
+    out: torch.Tensor,
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    publish: tuple[torch.Tensor, torch.Tensor] | None = None,
+    scratch: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """:func:`masked_argmax_` with every token allowed and no mask read: ``out[rows[i]]`` is
+    ``logits[rows[i]].argmax()``, each row's vocabulary split over a few programs (torch's
+    argmax gives a row one block: 256 rows of a 262k vocabulary read at well under the
+    device's bandwidth). Returns ``out``."""
+    return _argmax(out, logits, rows, None, publish, scratch, None)
+
+
 def automaton_argmax_(
     out: torch.Tensor,
     logits: torch.Tensor,
@@ -214,7 +232,7 @@ def _argmax(
     out: torch.Tensor,
     logits: torch.Tensor,
     rows: torch.Tensor,
-    bits: torch.Tensor,
+    bits: torch.Tensor | None,
     publish: tuple[torch.Tensor, torch.Tensor] | None,
     scratch: tuple[torch.Tensor, torch.Tensor] | None,
     automaton: tuple[DeviceAutomaton, torch.Tensor, torch.Tensor, torch.Tensor] | None,
@@ -223,7 +241,9 @@ def _argmax(
     r = rows.shape[0]
     if r == 0:
         return out
-    assert logits.stride(1) == 1 and bits.stride(1) == 1 and out.dtype == torch.int64
+    masked = bits is not None
+    assert logits.stride(1) == 1 and (bits is None or bits.stride(1) == 1) and out.dtype == torch.int64
+    bits = bits if bits is not None else out.view(1, -1)  # not read
     nwords = triton.cdiv(vocab, 32)
     # Enough programs to keep the device's memory busy at a few rows (~512 in all), no more
     # than one per iteration's worth of words.
@@ -242,5 +262,5 @@ def _argmax(
     _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, out, keys, count, fm_tokens, fm_rows, *tables,
                                        logits.stride(0), bits.stride(0), vocab, per, nsplit, n_keys, stride,
                                        PUBLISH=publish is not None, AUTOMATON=automaton is not None,
-                                       WORDS=_ARGMAX_WORDS)  # fmt: skip
+                                       MASKED=masked, WORDS=_ARGMAX_WORDS)  # fmt: skip
     return out

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from aserve.kernels.bitmask import apply_bitmask_
+from aserve.kernels.bitmask import apply_bitmask_, argmax_, argmax_scratch
 from aserve.sampling.fsm import DeviceAutomaton
 from aserve.sampling.masks import allowed_tokens, mask_words
 
@@ -160,6 +160,31 @@ def _random_automaton(states: int, vocab: int, g: torch.Generator) -> DeviceAuto
     after[1:4] = torch.tensor([2, 5, 2])  # after state 1's base key, its token 35's own key, token 36's
     after[-1] = states - 1
     return DeviceAutomaton(masks.to(DEVICE), mask_of.to(DEVICE), keys.to(DEVICE), after.to(DEVICE), stride, states - 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("batch", "vocab"), [(1, 5000), (6, 70_001), (300, 33)])
+def test_argmax_without_a_mask_is_torchs_argmax(dtype: torch.dtype, batch: int, vocab: int) -> None:
+    """The decode graph's greedy argmax (every token allowed, no mask read): torch.argmax's
+    tokens, the first of equal maxima, published into the mailboxes. Coarse values make ties
+    within a program and across a row's programs (6 rows of 70k split a row over many)."""
+    g = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(-40, 40, (batch, vocab), generator=g).to(DEVICE, dtype) / 8
+    logits[0, -1] = 100.0  # the last token, past the last full word when vocab % 32 != 0
+    if batch > 2:
+        logits[2] = -0.0  # -0.0 and 0.0 are one value: token 0
+        logits[2, vocab // 2] = 0.0
+    rows = torch.arange(batch, device=DEVICE)
+    table_rows = torch.randperm(batch, generator=g).to(DEVICE)
+    mailboxes = torch.full((batch + 2,), -3, dtype=torch.int64, device=DEVICE)
+    scratch = argmax_scratch(batch, torch.device(DEVICE))
+    for _ in range(2):  # the scratch as the first launch left it
+        out = torch.full((batch,), -7, dtype=torch.int64, device=DEVICE)
+        argmax_(out, logits, rows, (mailboxes, table_rows), scratch)
+        want = logits.argmax(dim=-1)
+        assert torch.equal(out, want)
+        assert torch.equal(mailboxes[table_rows], want) and (mailboxes[batch:] == -3).all()
+    assert int(want[0]) == vocab - 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
