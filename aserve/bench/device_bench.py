@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--w1-peer-requests", type=int, default=0,
                     help="transformers runs this many of the W1 requests (0: as many as aserve's max_running_requests)")  # fmt: skip
     ap.add_argument("--batches", default="64,256,512", help="the 'batch' section's decode batch sizes")
+    ap.add_argument("--batch-shapes", default="gemma", help="the 'batch' section's shapes: gemma, llama or both")
     ap.add_argument("--profile-batch", type=int, default=64, help="requests at once in the 'profile' run")
     ap.add_argument("--structured-repeats", type=int, default=1,
                     help="free and constrained runs per batch size, taking turns; the ratio is the median pair's")  # fmt: skip
@@ -163,8 +164,10 @@ def main() -> None:
         # Decode-heavy runs at each batch size (128 prompt, 512 output tokens, all at once):
         # device idle, decode gap and the host's plan / launch / commit per request per step.
         plen, olen = (16, 24) if args.tiny else (128, 512)
+        batch_shapes = [s for key, s in (("gemma", g), ("llama", ll)) if key in args.batch_shapes.split(",")]
         results["batch"] = [
-            run_throughput(g, root, tok, args.device, bf16, b, plen, olen, True, b, opts)
+            run_throughput(shape, root, tok, args.device, bf16, b, plen, olen, True, b, opts)
+            for shape in batch_shapes
             for b in (int(x) for x in args.batches.split(","))
         ]
         print(json.dumps(results["batch"]), flush=True)
