@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from aserve.kernels.pdl import enabled, launch_options, wait_for_prior
+
 if TYPE_CHECKING:
     from aserve.sampling.fsm import DeviceAutomaton
 
@@ -69,7 +71,8 @@ _NO_KEY = -1  # a row's combined key before any of its programs reported (every 
 def _masked_argmax_kernel(Logits, Rows, Bits, Out, Keys, Count, FmTokens, FmRows, MaskOf, Start, States, StateRows,
                           AutoKeys, AutoAfter, stride_l, stride_b, vocab, words_per_program, nsplit, n_keys,
                           stride_auto, PUBLISH: tl.constexpr, AUTOMATON: tl.constexpr, MASKED: tl.constexpr,
-                          WORDS: tl.constexpr):  # fmt: skip
+                          WORDS: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
+    wait_for_prior(PDL)
     r = tl.program_id(0)
     s = tl.program_id(1)
     row = tl.load(Rows + r).to(tl.int64)
@@ -251,6 +254,7 @@ def _argmax(
     per = triton.cdiv(triton.cdiv(nwords, nsplit), _ARGMAX_WORDS) * _ARGMAX_WORDS
     nsplit = triton.cdiv(nwords, per)
     keys, count = _SCRATCH.get(logits.device, r) if scratch is None else scratch
+    pdl = enabled(logits)
     fm_tokens, fm_rows = publish if publish is not None else (out, rows)
     if automaton is None:
         tables = (out, rows, out, rows, out, out)  # not read
@@ -262,5 +266,5 @@ def _argmax(
     _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, out, keys, count, fm_tokens, fm_rows, *tables,
                                        logits.stride(0), bits.stride(0), vocab, per, nsplit, n_keys, stride,
                                        PUBLISH=publish is not None, AUTOMATON=automaton is not None,
-                                       MASKED=masked, WORDS=_ARGMAX_WORDS)  # fmt: skip
+                                       MASKED=masked, WORDS=_ARGMAX_WORDS, PDL=pdl, **launch_options(pdl))  # fmt: skip
     return out

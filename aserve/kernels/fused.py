@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from aserve.kernels.pdl import enabled, launch_options, wait_for_prior
+
 
 @triton.jit
 def _scale_row(x, rs, w, GEMMA: tl.constexpr, OUT_DTYPE: tl.constexpr):
@@ -38,7 +40,9 @@ def _norm_row(x, w, dim, eps, GEMMA: tl.constexpr, OUT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _rmsnorm_kernel(X, W, Y, stride_x, stride_y, dim, eps, GEMMA: tl.constexpr, BLOCK: tl.constexpr):
+def _rmsnorm_kernel(X, W, Y, stride_x, stride_y, dim, eps, GEMMA: tl.constexpr, BLOCK: tl.constexpr,
+                    PDL: tl.constexpr):  # fmt: skip
+    wait_for_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -55,18 +59,19 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> t
         x2 = x2.contiguous()
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        _rmsnorm_kernel[(x2.shape[0],)](
-            x2, weight, y, x2.stride(0), y.stride(0), dim, eps, GEMMA=gemma, BLOCK=triton.next_power_of_2(dim)
-        )
+        pdl = enabled(x2)
+        _rmsnorm_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), dim, eps, GEMMA=gemma,
+                                        BLOCK=triton.next_power_of_2(dim), PDL=pdl, **launch_options(pdl))  # fmt: skip
     return y.view(x.shape)
 
 
 @triton.jit
 def _add_rmsnorm_kernel(
     X, R, WX, W, H, Y, stride_x, stride_r, stride_h, stride_y, dim, eps,
-    GEMMA: tl.constexpr, NORM_X: tl.constexpr, BLOCK: tl.constexpr,
+    GEMMA: tl.constexpr, NORM_X: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     """h = residual + (norm_x(x) if NORM_X else x), rounded; y = norm(h). One row per program."""
+    wait_for_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
@@ -97,10 +102,11 @@ def add_rmsnorm(
     h = torch.empty((t, dim), dtype=x.dtype, device=x.device)
     y = torch.empty_like(h)
     if t:
+        pdl = enabled(x)
         _add_rmsnorm_kernel[(t,)](
             x, residual, weight if x_weight is None else x_weight, weight, h, y,
             x.stride(0), residual.stride(0), h.stride(0), y.stride(0), dim, eps,
-            GEMMA=gemma, NORM_X=x_weight is not None, BLOCK=triton.next_power_of_2(dim),
+            GEMMA=gemma, NORM_X=x_weight is not None, BLOCK=triton.next_power_of_2(dim), PDL=pdl, **launch_options(pdl),
         )  # fmt: skip
     return h, y
 
@@ -140,7 +146,9 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 
 @triton.jit
-def _gated_kernel(G, U, Y, stride_g, stride_u, stride_y, n, GELU: tl.constexpr, BLOCK: tl.constexpr):
+def _gated_kernel(G, U, Y, stride_g, stride_u, stride_y, n, GELU: tl.constexpr, BLOCK: tl.constexpr,
+                  PDL: tl.constexpr):  # fmt: skip
+    wait_for_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n
@@ -166,9 +174,11 @@ def gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if y.numel():
         block = min(1024, triton.next_power_of_2(n))
+        pdl = enabled(y)
         _gated_kernel[(gate.shape[0], triton.cdiv(n, block))](
-            gate, up, y, gate.stride(0), up.stride(0), y.stride(0), n, GELU=act == "gelu_tanh", BLOCK=block
-        )
+            gate, up, y, gate.stride(0), up.stride(0), y.stride(0), n, GELU=act == "gelu_tanh", BLOCK=block,
+            PDL=pdl, **launch_options(pdl),
+        )  # fmt: skip
     return y.view(shape)
 
 
@@ -177,10 +187,12 @@ def _qkv_prep_kernel(
     QKV, QW, KW, Cos, Sin, Slots, Q, KC, VC,
     stride_t, stride_ct, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, eps,
     H: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, GEMMA: tl.constexpr,
+    PDL: tl.constexpr,
 ):  # fmt: skip
     """One (token, head) of a fused q/k/v projection row [q heads | k heads | v heads]:
     per-head RMSNorm (q and k, when NORM), rotary (q and k), q to ``Q``, k and v to the KV
     cache at the token's slot. Rounds where the eager norm, rotary and cache write round."""
+    wait_for_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1)
     i = tl.arange(0, HALF)
@@ -235,11 +247,13 @@ def qkv_prep(
         cos2, sin2 = cos2.contiguous(), sin2.contiguous()
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t:
+        pdl = enabled(q)
         _qkv_prep_kernel[(t, num_heads + num_kv_heads)](
             qkv, qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
             cos2, sin2, slots, q, k_cache, v_cache,
             qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps,
             H=num_heads, HKV=num_kv_heads, HALF=head_dim // 2, NORM=q_weight is not None, GEMMA=gemma,
+            PDL=pdl, **launch_options(pdl),
         )  # fmt: skip
     return q

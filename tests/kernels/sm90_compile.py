@@ -51,11 +51,13 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
             for splits in (1, 32):
                 ptrs = {n: act for n in ("Q", "K", "V")} | {n: "*i64" for n in ("Table", "Rows", "SeqLens")}
                 ptrs |= {"MidO": "*fp32", "MidLse": "*fp32", "Out": act}
+                # The grid's order and PDL flip together: every value of each compiled.
                 cx = {"GROUP": group, "BLOCK_G": max(16, group), "D": d, "BLOCK_N": 32, "NUM_SPLITS": splits,
-                      "HAS_WINDOW": window, "PRECISION": prec}  # fmt: skip
+                      "HAS_WINDOW": window, "PRECISION": prec, "HEADS_FIRST": splits == 1, "PDL": splits == 1}  # fmt: skip
                 out.append((f"decode d={d} g={group} w={window} s={splits} {dtype}", tp._decode_split_kernel, ptrs, cx))
                 out.append((f"merge d={d} s={splits} {dtype}", tp._decode_merge_kernel,
-                            {"MidO": "*fp32", "MidLse": "*fp32", "Out": act}, {"NUM_SPLITS": splits, "D": d}))  # fmt: skip
+                            {"MidO": "*fp32", "MidLse": "*fp32", "Out": act},
+                            {"NUM_SPLITS": splits, "D": d, "PDL": splits == 1}))  # fmt: skip
             ptrs = {n: act for n in ("Q", "K", "V", "Out")} | {
                 n: "*i64" for n in ("Table", "Rows", "Prefix", "Extend", "QStart", "BlockSeq", "BlockIdx")
             }
@@ -66,22 +68,30 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
             for dim in (640, 2048):
                 out.append((f"rmsnorm gemma={gemma} dim={dim} {dtype}", fused._rmsnorm_kernel,
                             {"X": act, "W": act, "Y": act},
-                            {"GEMMA": gemma, "BLOCK": 1024 if dim == 640 else 2048}))  # fmt: skip
+                            {"GEMMA": gemma, "BLOCK": 1024 if dim == 640 else 2048, "PDL": gemma}))  # fmt: skip
                 out.append((f"add_rmsnorm gemma={gemma} dim={dim} {dtype}", fused._add_rmsnorm_kernel,
                             {"X": act, "R": act, "WX": act, "W": act, "H": act, "Y": act},
-                            {"GEMMA": gemma, "NORM_X": gemma, "BLOCK": 1024 if dim == 640 else 2048}))  # fmt: skip
+                            {"GEMMA": gemma, "NORM_X": gemma, "BLOCK": 1024 if dim == 640 else 2048,
+                             "PDL": not gemma}))  # fmt: skip
         for half in (32, 128):
             out.append((f"rotary half={half} {dtype}", fused._rotary_kernel,
                         {"X": act, "Cos": act, "Sin": act, "Y": act}, {"HALF": half}))  # fmt: skip
         for gelu in (True, False):
             out.append((f"gated gelu={gelu} {dtype}", fused._gated_kernel, {"G": act, "U": act, "Y": act},
-                        {"GELU": gelu, "BLOCK": 1024}))  # fmt: skip
+                        {"GELU": gelu, "BLOCK": 1024, "PDL": gelu}))  # fmt: skip
         # (query heads, KV heads, head_dim / 2, per-head q/k norm): Gemma 3 270M, Llama 3.2 1B.
         for h, hkv, half, norm in ((4, 1, 128, True), (32, 8, 32, False)):
             ptrs = {n: act for n in ("QKV", "QW", "KW", "Cos", "Sin", "Q", "KC", "VC")} | {"Slots": "*i64"}
             out.append((f"qkv_prep h={h} hkv={hkv} half={half} {dtype}", fused._qkv_prep_kernel, ptrs,
-                        {"H": h, "HKV": hkv, "HALF": half, "NORM": norm, "GEMMA": norm}))  # fmt: skip
+                        {"H": h, "HKV": hkv, "HALF": half, "NORM": norm, "GEMMA": norm, "PDL": norm}))  # fmt: skip
     for dtype in ("bfloat16", "float32"):
+        for automaton, masked in ((False, True), (True, True), (False, False)):
+            ptrs = {"Logits": _PTR[dtype], "Bits": "*i32", "Count": "*i32"}
+            ptrs |= {n: "*i64" for n in ("Rows", "Out", "Keys", "FmTokens", "FmRows", "MaskOf", "Start", "States",
+                                         "StateRows", "AutoKeys", "AutoAfter")}  # fmt: skip
+            out.append((f"argmax automaton={automaton} masked={masked} {dtype}", bitmask._masked_argmax_kernel, ptrs,
+                        {"PUBLISH": True, "AUTOMATON": automaton, "MASKED": masked, "WORDS": bitmask._ARGMAX_WORDS,
+                         "PDL": not masked}))  # fmt: skip
         out.append((f"bitmask {dtype}", bitmask._apply_bitmask_kernel,
                     {"Logits": _PTR[dtype], "Rows": "*i64", "Bits": "*i32"}, {"WORDS": bitmask._WORDS}))  # fmt: skip
     return out

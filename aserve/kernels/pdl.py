@@ -1,0 +1,41 @@
+"""Programmatic dependent launch (PDL; Hopper and later), for the decode step's Triton kernels.
+
+Inside a CUDA graph the device still spends a microsecond or two between two kernels: the next
+one is scheduled only once the last block of the one ahead of it has finished, and then its
+blocks start from nothing. A decode step of the Gemma 3 270M shape runs ~250 kernels, over a
+hundred of them small Triton ones. Launched with PDL, a kernel may be scheduled while the kernel
+ahead of it on its stream is still finishing; its programs then wait (``gdc_wait``, the first
+thing each one does) until that kernel has completed and its writes are visible, so what it
+reads and writes is ordered as without PDL, and only the launch is overlapped.
+
+Off unless ``ASERVE_PDL=1`` (read at import; for benchmarks until measured on the device).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
+
+ON = os.environ.get("ASERVE_PDL", "0") == "1"
+
+
+def enabled(x: torch.Tensor) -> bool:
+    """Whether a kernel over ``x`` is launched with PDL (``ASERVE_PDL=1``, a CUDA tensor)."""
+    return ON and x.is_cuda
+
+
+def launch_options(pdl: bool) -> dict[str, bool]:
+    """The launch's keyword for :func:`enabled`'s answer (none without PDL: Triton's
+    interpreter takes no launch options)."""
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def wait_for_prior(PDL: tl.constexpr):
+    """A PDL-launched kernel's first statement: wait for the kernel ahead of it to complete."""
+    if PDL:
+        gdc_wait()
