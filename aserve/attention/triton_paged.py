@@ -70,13 +70,11 @@ def _decode_split_kernel(
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
     scale, window,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, HEADS_FIRST: tl.constexpr, PDL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     wait_for_prior(PDL)
-    # HEADS_FIRST: the grid is (KV heads, batch, splits), so a token's KV heads, which lie side by
-    # side in the cache ([slots, KV heads, D]), are read by programs that run at the same time.
-    b = tl.program_id(1) if HEADS_FIRST else tl.program_id(0)
-    kvh = tl.program_id(0) if HEADS_FIRST else tl.program_id(1)
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(SeqLens + b)
     row = tl.load(Rows + b).to(tl.int64)
@@ -208,22 +206,18 @@ class DecodeLaunch:
     num_warps: int = 4
     num_stages: int = 3
     splits: int = 0
-    heads_first: bool = False  # the grid (KV heads, batch, splits) instead of (batch, KV heads, splits)
 
 
 def _decode_launch_from_env() -> DecodeLaunch:
-    heads_first = os.environ.get("ASERVE_DECODE_GRID", "rows") == "heads"
     spec = os.environ.get("ASERVE_DECODE_LAUNCH")
     if not spec:
-        return DecodeLaunch(heads_first=heads_first)
+        return DecodeLaunch()
     block_n, num_warps, num_stages, *splits = (int(x) for x in spec.split(","))
-    return DecodeLaunch(block_n=block_n, num_warps=num_warps, num_stages=num_stages, splits=splits[0] if splits else 0,
-                        heads_first=heads_first)  # fmt: skip
+    return DecodeLaunch(block_n=block_n, num_warps=num_warps, num_stages=num_stages, splits=splits[0] if splits else 0)
 
 
 # The decode kernel's launch parameters: DecodeLaunch's defaults, or ``ASERVE_DECODE_LAUNCH`` =
-# ``block_n,num_warps,num_stages[,splits]`` and ``ASERVE_DECODE_GRID=heads`` (heads_first) for
-# benchmarks; read at import. A sweep at batch 256,
+# ``block_n,num_warps,num_stages[,splits]`` (for benchmarks; read at import). A sweep at batch 256,
 # context 1024 on an H200 (``python -m aserve.bench.decode_kernels``) put 64 keys a block with
 # two stages 10% ahead for Llama 3.2 1B's 64-wide heads in isolation; in the whole decode step
 # (graph replays, the same call) it was on par there (4.26 against 4.29 / 4.30 ms) and far
@@ -247,13 +241,13 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device) if splits > 1 else out
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device) if splits > 1 else out
     pdl = enabled(q)
-    _decode_split_kernel[(hkv, t, splits) if cfg.heads_first else (t, hkv, splits)](
+    _decode_split_kernel[(t, hkv, splits)](
         q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), scale, window or 0,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
-        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype), HEADS_FIRST=cfg.heads_first, PDL=pdl,
+        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype), PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
     )  # fmt: skip
     if splits == 1:

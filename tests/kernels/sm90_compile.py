@@ -51,9 +51,8 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
             for splits in (1, 32):
                 ptrs = {n: act for n in ("Q", "K", "V")} | {n: "*i64" for n in ("Table", "Rows", "SeqLens")}
                 ptrs |= {"MidO": "*fp32", "MidLse": "*fp32", "Out": act}
-                # The grid's order and PDL flip together: every value of each compiled.
                 cx = {"GROUP": group, "BLOCK_G": max(16, group), "D": d, "BLOCK_N": 32, "NUM_SPLITS": splits,
-                      "HAS_WINDOW": window, "PRECISION": prec, "HEADS_FIRST": splits == 1, "PDL": splits == 1}  # fmt: skip
+                      "HAS_WINDOW": window, "PRECISION": prec, "PDL": splits == 1}  # fmt: skip
                 out.append((f"decode d={d} g={group} w={window} s={splits} {dtype}", tp._decode_split_kernel, ptrs, cx))
                 out.append((f"merge d={d} s={splits} {dtype}", tp._decode_merge_kernel,
                             {"MidO": "*fp32", "MidLse": "*fp32", "Out": act},
