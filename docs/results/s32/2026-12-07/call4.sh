@@ -1,5 +1,5 @@
 #!/bin/bash
-# Ran at the commit that added it, as BUDGET=290 PDL_TESTS=0 RUNS="base1 pdl1 heads1 both1 base2 pdl2 heads2";
+# Ran at b820fc3 as BUDGET=290 PDL_TESTS=0 RUNS="base1 pdl1 heads1 both1 base2 pdl2 heads2";
 # the heads-first grid it measures was removed after it (not kept).
 # Session 32, call 4 (issue 15): two changes to the decode step's kernels, each off by default
 # until measured here:
