@@ -213,6 +213,8 @@ def _decode_launch_from_env() -> DecodeLaunch:
     if not spec:
         return DecodeLaunch()
     block_n, num_warps, num_stages, *splits = (int(x) for x in spec.split(","))
+    if len(splits) > 1 or (splits and splits[0] & (splits[0] - 1)):
+        raise ValueError(f"ASERVE_DECODE_LAUNCH={spec!r}: block_n,num_warps,num_stages[,splits], splits a power of two")
     return DecodeLaunch(block_n=block_n, num_warps=num_warps, num_stages=num_stages, splits=splits[0] if splits else 0)
 
 

@@ -63,11 +63,13 @@ def main() -> None:
         help="extra aserve.Engine option for every aserve run, e.g. cuda_graph=true (repeatable)",
     )
     ap.add_argument("--w1-requests", type=int, default=1000)
-    ap.add_argument("--w1-shapes", default="gemma,llama", help="which shapes W1 runs: gemma, llama or both")
+    ap.add_argument("--w1-shapes", default="gemma,llama", help="which shapes W1 runs, a comma list of gemma and llama")
     ap.add_argument("--w1-peer-requests", type=int, default=0,
                     help="transformers runs this many of the W1 requests (0: as many as aserve's max_running_requests)")  # fmt: skip
     ap.add_argument("--batches", default="64,256,512", help="the 'batch' section's decode batch sizes")
-    ap.add_argument("--batch-shapes", default="gemma", help="the 'batch' section's shapes: gemma, llama or both")
+    ap.add_argument(
+        "--batch-shapes", default="gemma", help="the 'batch' section's shapes, a comma list of gemma and llama"
+    )
     ap.add_argument("--profile-batch", type=int, default=64, help="requests at once in the 'profile' run")
     ap.add_argument("--structured-repeats", type=int, default=1,
                     help="free and constrained runs per batch size, taking turns; the ratio is the median pair's")  # fmt: skip

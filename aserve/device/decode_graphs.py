@@ -48,7 +48,7 @@ R = TypeVar("R")
 @dataclass
 class GraphOutputs:
     logits: torch.Tensor  # [Bp, V] in the head's dtype (CausalLM.logits(head_dtype=True)): .float() to sample
-    tokens: torch.Tensor  # [Bp] int64, greedy (argmax), already in the FutureMap
+    tokens: torch.Tensor  # [Bp] int64, greedy (argmax; on CUDA a NaN logit never wins), already in the FutureMap
     input_ids: torch.Tensor  # [Bp] int64, what was gathered from the FutureMap
 
 
@@ -191,6 +191,7 @@ class DecodeGraphs:
         """CUDA: capture one graph per size (largest first, sharing one memory pool)."""
         if self.device.type != "cuda":
             return
+        torch.cuda.synchronize(self.device)  # buffers filled on the current stream; capture runs on ``stream``
         # Warm-up and capture write into the spare rows only (all inputs are padding).
         statics = [self._static[b] for b in reversed(self.sizes)]
         for s, (graph, out) in zip(statics, capture_graphs(self.device, stream, "capturing decode CUDA graphs",

@@ -203,7 +203,8 @@ def argmax_(
     """:func:`masked_argmax_` with every token allowed and no mask read: ``out[rows[i]]`` is
     ``logits[rows[i]].argmax()``, each row's vocabulary split over a few programs (torch's
     argmax gives a row one block: 256 rows of a 262k vocabulary read at well under the
-    device's bandwidth). Returns ``out``."""
+    device's bandwidth). Unlike ``torch.argmax``, a NaN logit is never the maximum (the largest
+    other one is; a row of NaNs gives token 0), as in the masked argmax. Returns ``out``."""
     return _argmax(out, logits, rows, None, publish, scratch, None)
 
 
@@ -246,7 +247,6 @@ def _argmax(
         return out
     masked = bits is not None
     assert logits.stride(1) == 1 and (bits is None or bits.stride(1) == 1) and out.dtype == torch.int64
-    bits = bits if bits is not None else out.view(1, -1)  # not read
     nwords = triton.cdiv(vocab, 32)
     # Enough programs to keep the device's memory busy at a few rows (~512 in all), no more
     # than one per iteration's worth of words.
@@ -254,6 +254,7 @@ def _argmax(
     per = triton.cdiv(triton.cdiv(nwords, nsplit), _ARGMAX_WORDS) * _ARGMAX_WORDS
     nsplit = triton.cdiv(nwords, per)
     keys, count = _SCRATCH.get(logits.device, r) if scratch is None else scratch
+    bits = bits if bits is not None else count.view(1, -1)  # int32, not read (its stride passed as 0)
     pdl = enabled(logits)
     fm_tokens, fm_rows = publish if publish is not None else (out, rows)
     if automaton is None:
@@ -264,7 +265,8 @@ def _argmax(
         tables = (a.mask_of, start, states, state_rows, a.keys, a.after)
         n_keys, stride = a.keys.shape[0], a.stride
     _masked_argmax_kernel[(r, nsplit)](logits, rows, bits, out, keys, count, fm_tokens, fm_rows, *tables,
-                                       logits.stride(0), bits.stride(0), vocab, per, nsplit, n_keys, stride,
+                                       logits.stride(0), bits.stride(0) if masked else 0, vocab, per, nsplit, n_keys,
+                                       stride,
                                        PUBLISH=publish is not None, AUTOMATON=automaton is not None,
                                        MASKED=masked, WORDS=_ARGMAX_WORDS, PDL=pdl, **launch_options(pdl))  # fmt: skip
     return out

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import aserve
-from aserve.kernels import pdl
+from aserve.kernels import fused, pdl
 from tests.workload import complete_all
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -37,8 +37,17 @@ def test_pdl_gives_the_same_tokens(request: pytest.FixtureRequest, monkeypatch: 
             assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
             return out
 
-    assert not pdl.enabled(torch.empty(1, device="cuda"))
+    launched: list[bool] = []  # the fused norms' launches, with PDL or not
+
+    def options(on: bool) -> dict[str, bool]:
+        launched.append(on)
+        return pdl.launch_options(on)
+
+    monkeypatch.setattr(fused, "launch_options", options)
+    monkeypatch.setattr(pdl, "ON", False)
     without = anyio.run(run)
+    assert launched and not any(launched)
+    launched.clear()
     monkeypatch.setattr(pdl, "ON", True)
-    assert pdl.enabled(torch.empty(1, device="cuda"))
     assert anyio.run(run) == without
+    assert launched and all(launched)

@@ -56,7 +56,7 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                 out.append((f"decode d={d} g={group} w={window} s={splits} {dtype}", tp._decode_split_kernel, ptrs, cx))
                 out.append((f"merge d={d} s={splits} {dtype}", tp._decode_merge_kernel,
                             {"MidO": "*fp32", "MidLse": "*fp32", "Out": act},
-                            {"NUM_SPLITS": splits, "D": d, "PDL": splits == 1}))  # fmt: skip
+                            {"NUM_SPLITS": splits, "D": d, "PDL": splits > 1}))  # fmt: skip
             ptrs = {n: act for n in ("Q", "K", "V", "Out")} | {
                 n: "*i64" for n in ("Table", "Rows", "Prefix", "Extend", "QStart", "BlockSeq", "BlockIdx")
             }

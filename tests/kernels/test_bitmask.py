@@ -172,19 +172,21 @@ def test_argmax_without_a_mask_is_torchs_argmax(dtype: torch.dtype, batch: int, 
     logits = torch.randint(-40, 40, (batch, vocab), generator=g).to(DEVICE, dtype) / 8
     logits[0, -1] = 100.0  # the last token, past the last full word when vocab % 32 != 0
     if batch > 2:
-        logits[2] = -0.0  # -0.0 and 0.0 are one value: token 0
+        logits[2] = -1.0  # -0.0 and 0.0 are one value: the first of them, token 0
+        logits[2, 0] = -0.0
         logits[2, vocab // 2] = 0.0
     rows = torch.arange(batch, device=DEVICE)
     table_rows = torch.randperm(batch, generator=g).to(DEVICE)
-    mailboxes = torch.full((batch + 2,), -3, dtype=torch.int64, device=DEVICE)
     scratch = argmax_scratch(batch, torch.device(DEVICE))
-    for _ in range(2):  # the scratch as the first launch left it
+    for _ in range(2):  # the second launch: other logits, the scratch as the first launch left it
+        mailboxes = torch.full((batch + 2,), -3, dtype=torch.int64, device=DEVICE)
         out = torch.full((batch,), -7, dtype=torch.int64, device=DEVICE)
         argmax_(out, logits, rows, (mailboxes, table_rows), scratch)
         want = logits.argmax(dim=-1)
         assert torch.equal(out, want)
         assert torch.equal(mailboxes[table_rows], want) and (mailboxes[batch:] == -3).all()
-    assert int(want[0]) == vocab - 1
+        logits = logits.flip(0) - 200  # lower keys than the first launch's: a stale key would win
+    assert int(want[-1]) == vocab - 1
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
