@@ -31,7 +31,7 @@ import triton.language as tl
 
 from aserve.attention.metadata import AttentionMetadata
 from aserve.attention.reference import write_kv
-from aserve.kernels.pdl import enabled, launch_options, wait_for_prior
+from aserve.kernels.pdl import launch_args, wait_for_prior
 
 _NEG = tl.constexpr(-1.0e30)  # finite "minus infinity": a fully masked row stays NaN-free
 _TARGET_PROGRAMS = 512  # about four per SM on an H200 (132 SMs)
@@ -242,21 +242,20 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     # One split: the kernel writes ``out``; more: partial outputs merged by a second kernel.
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device) if splits > 1 else out
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device) if splits > 1 else out
-    pdl = enabled(q)
     _decode_split_kernel[(t, hkv, splits)](
         q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse, out,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), scale, window or 0,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
-        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype), PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_options(pdl),
+        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(q),
     )  # fmt: skip
     if splits == 1:
         return out
     _decode_merge_kernel[(t, h)](
         mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
-        out.stride(0), out.stride(1), NUM_SPLITS=splits, D=d, PDL=pdl, **launch_options(pdl),
+        out.stride(0), out.stride(1), NUM_SPLITS=splits, D=d, **launch_args(q),
     )  # fmt: skip
     return out
 

@@ -80,6 +80,11 @@ def main() -> None:
     opts: dict[str, Any] = {"attention_backend": args.attention_backend, **gw.parse_engine_opts(args.engine_opt)}
     root, tok = Path(args.work_dir), Path(args.tokenizer_dir)
     g, ll = ("tiny-gemma3", "tiny-llama") if args.tiny else ("gemma3-270m", "llama3.2-1b")
+
+    def shapes(spec: str) -> list[str]:
+        """The shapes a comma list of ``gemma`` and ``llama`` names, in that order."""
+        return [s for key, s in (("gemma", g), ("llama", ll)) if key in spec.split(",")]
+
     bf16 = "bfloat16" if args.device == "cuda" else "float32"
     results: dict[str, Any] = {
         "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "device": args.device, "torch": torch.__version__,
@@ -122,8 +127,7 @@ def main() -> None:
         save()
     if "w1" in only:
         results["w1"] = []
-        w1_shapes = [s for key, s in (("gemma", g), ("llama", ll)) if key in args.w1_shapes.split(",")]
-        for shape in w1_shapes:
+        for shape in shapes(args.w1_shapes):
             path = root / shape
             if not (path / "config.json").exists():
                 build_checkpoint(shape, root, tok)
@@ -166,10 +170,9 @@ def main() -> None:
         # Decode-heavy runs at each batch size (128 prompt, 512 output tokens, all at once):
         # device idle, decode gap and the host's plan / launch / commit per request per step.
         plen, olen = (16, 24) if args.tiny else (128, 512)
-        batch_shapes = [s for key, s in (("gemma", g), ("llama", ll)) if key in args.batch_shapes.split(",")]
         results["batch"] = [
             run_throughput(shape, root, tok, args.device, bf16, b, plen, olen, True, b, opts)
-            for shape in batch_shapes
+            for shape in shapes(args.batch_shapes)
             for b in (int(x) for x in args.batches.split(","))
         ]
         print(json.dumps(results["batch"]), flush=True)

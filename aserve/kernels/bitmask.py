@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aserve.kernels.pdl import enabled, launch_options, wait_for_prior
+from aserve.kernels.pdl import launch_args, wait_for_prior
 
 if TYPE_CHECKING:
     from aserve.sampling.fsm import DeviceAutomaton
@@ -255,7 +255,6 @@ def _argmax(
     nsplit = triton.cdiv(nwords, per)
     keys, count = _SCRATCH.get(logits.device, r) if scratch is None else scratch
     bits = bits if bits is not None else count.view(1, -1)  # int32, not read (its stride passed as 0)
-    pdl = enabled(logits)
     fm_tokens, fm_rows = publish if publish is not None else (out, rows)
     if automaton is None:
         tables = (out, rows, out, rows, out, out)  # not read
@@ -268,5 +267,5 @@ def _argmax(
                                        logits.stride(0), bits.stride(0) if masked else 0, vocab, per, nsplit, n_keys,
                                        stride,
                                        PUBLISH=publish is not None, AUTOMATON=automaton is not None,
-                                       MASKED=masked, WORDS=_ARGMAX_WORDS, PDL=pdl, **launch_options(pdl))  # fmt: skip
+                                       MASKED=masked, WORDS=_ARGMAX_WORDS, **launch_args(logits))  # fmt: skip
     return out

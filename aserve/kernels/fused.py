@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from aserve.kernels.pdl import enabled, launch_options, wait_for_prior
+from aserve.kernels.pdl import launch_args, wait_for_prior
 
 
 @triton.jit
@@ -59,9 +59,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> t
         x2 = x2.contiguous()
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     if x2.shape[0]:
-        pdl = enabled(x2)
         _rmsnorm_kernel[(x2.shape[0],)](x2, weight, y, x2.stride(0), y.stride(0), dim, eps, GEMMA=gemma,
-                                        BLOCK=triton.next_power_of_2(dim), PDL=pdl, **launch_options(pdl))  # fmt: skip
+                                        BLOCK=triton.next_power_of_2(dim), **launch_args(x2))  # fmt: skip
     return y.view(x.shape)
 
 
@@ -102,11 +101,10 @@ def add_rmsnorm(
     h = torch.empty((t, dim), dtype=x.dtype, device=x.device)
     y = torch.empty_like(h)
     if t:
-        pdl = enabled(x)
         _add_rmsnorm_kernel[(t,)](
             x, residual, weight if x_weight is None else x_weight, weight, h, y,
             x.stride(0), residual.stride(0), h.stride(0), y.stride(0), dim, eps,
-            GEMMA=gemma, NORM_X=x_weight is not None, BLOCK=triton.next_power_of_2(dim), PDL=pdl, **launch_options(pdl),
+            GEMMA=gemma, NORM_X=x_weight is not None, BLOCK=triton.next_power_of_2(dim), **launch_args(x),
         )  # fmt: skip
     return h, y
 
@@ -174,10 +172,9 @@ def gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
     y = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
     if y.numel():
         block = min(1024, triton.next_power_of_2(n))
-        pdl = enabled(y)
         _gated_kernel[(gate.shape[0], triton.cdiv(n, block))](
             gate, up, y, gate.stride(0), up.stride(0), y.stride(0), n, GELU=act == "gelu_tanh", BLOCK=block,
-            PDL=pdl, **launch_options(pdl),
+            **launch_args(y),
         )  # fmt: skip
     return y.view(shape)
 
@@ -247,13 +244,12 @@ def qkv_prep(
         cos2, sin2 = cos2.contiguous(), sin2.contiguous()
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t:
-        pdl = enabled(q)
         _qkv_prep_kernel[(t, num_heads + num_kv_heads)](
             qkv, qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
             cos2, sin2, slots, q, k_cache, v_cache,
             qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps,
             H=num_heads, HKV=num_kv_heads, HALF=head_dim // 2, NORM=q_weight is not None, GEMMA=gemma,
-            PDL=pdl, **launch_options(pdl),
+            **launch_args(q),
         )  # fmt: skip
     return q

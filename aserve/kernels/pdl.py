@@ -26,15 +26,11 @@ from triton.language.extra.cuda import gdc_wait
 ON = os.environ.get("ASERVE_PDL", "0") == "1"
 
 
-def enabled(x: torch.Tensor) -> bool:
-    """Whether a kernel over ``x`` is launched with PDL (``ASERVE_PDL=1``, a CUDA tensor)."""
-    return ON and x.is_cuda
-
-
-def launch_options(pdl: bool) -> dict[str, bool]:
-    """The launch's keyword for :func:`enabled`'s answer (none without PDL: Triton's
-    interpreter takes no launch options)."""
-    return {"launch_pdl": True} if pdl else {}
+def launch_args(x: torch.Tensor) -> dict[str, bool]:
+    """A launch's PDL keywords for a kernel over ``x``: its ``PDL`` constexpr, and Triton's
+    ``launch_pdl`` option when on (``ASERVE_PDL=1`` and a CUDA tensor; Triton's interpreter
+    takes no launch options)."""
+    return {"PDL": True, "launch_pdl": True} if ON and x.is_cuda else {"PDL": False}
 
 
 @triton.jit

@@ -39,11 +39,12 @@ def test_pdl_gives_the_same_tokens(request: pytest.FixtureRequest, monkeypatch: 
 
     launched: list[bool] = []  # the fused norms' launches, with PDL or not
 
-    def options(on: bool) -> dict[str, bool]:
-        launched.append(on)
-        return pdl.launch_options(on)
+    def args(x: torch.Tensor) -> dict[str, bool]:
+        kw = pdl.launch_args(x)
+        launched.append(kw["PDL"])
+        return kw
 
-    monkeypatch.setattr(fused, "launch_options", options)
+    monkeypatch.setattr(fused, "launch_args", args)
     monkeypatch.setattr(pdl, "ON", False)
     without = anyio.run(run)
     assert launched and not any(launched)
