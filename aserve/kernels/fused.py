@@ -14,6 +14,8 @@ a CPU through Triton's interpreter).
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -184,48 +186,60 @@ def _qkv_prep_kernel(
     QKV, QW, KW, Cos, Sin, Slots, Q, KC, VC,
     stride_t, stride_ct, stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, eps,
     H: tl.constexpr, HKV: tl.constexpr, HALF: tl.constexpr, NORM: tl.constexpr, GEMMA: tl.constexpr,
-    PDL: tl.constexpr,
+    HB: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """One (token, head) of a fused q/k/v projection row [q heads | k heads | v heads]:
-    per-head RMSNorm (q and k, when NORM), rotary (q and k), q to ``Q``, k and v to the KV
-    cache at the token's slot. Rounds where the eager norm, rotary and cache write round."""
+    """One token's heads ``[HB * pid1, HB * (pid1 + 1))`` of a fused q/k/v projection row
+    [q heads | k heads | v heads], one head per tile row: per-head RMSNorm (q and k, when
+    NORM), rotary (q and k), q to ``Q``, k and v to the KV cache at the token's slot. Rounds
+    where the eager norm, rotary and cache write round."""
     wait_for_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
-    j = tl.program_id(1)
-    i = tl.arange(0, HALF)
+    j = tl.program_id(1) * HB + tl.arange(0, HB)[:, None]  # [HB, 1] head of the row
+    i = tl.arange(0, HALF)[None, :]  # [1, HALF]
+    live = j < H + 2 * HKV
+    is_q = j < H
+    is_v = j >= H + HKV
     dt = Q.dtype.element_ty
-    row = QKV + t * stride_t + j * (2 * HALF)
-    x1 = tl.load(row + i).to(tl.float32)
-    x2 = tl.load(row + HALF + i).to(tl.float32)
+    src = QKV + t * stride_t + j * (2 * HALF) + i
+    x1 = tl.load(src, mask=live, other=0.0).to(tl.float32)
+    x2 = tl.load(src + HALF, mask=live, other=0.0).to(tl.float32)
+    v1, v2 = x1, x2
     if NORM:
-        rs = 1.0 / tl.sqrt((tl.sum(x1 * x1, 0) + tl.sum(x2 * x2, 0)) / (2 * HALF) + eps)
-        if j < H:
-            w1 = tl.load(QW + i)
-            w2 = tl.load(QW + HALF + i)
-        else:
-            w1 = tl.load(KW + i)
-            w2 = tl.load(KW + HALF + i)
+        rs = 1.0 / tl.sqrt((tl.sum(x1 * x1, 1) + tl.sum(x2 * x2, 1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.where(is_q, tl.load(QW + i), tl.load(KW + i))
+        w2 = tl.where(is_q, tl.load(QW + HALF + i), tl.load(KW + HALF + i))
         x1 = _scale_row(x1, rs, w1, GEMMA, dt).to(tl.float32)
         x2 = _scale_row(x2, rs, w2, GEMMA, dt).to(tl.float32)
     c1 = tl.load(Cos + t * stride_ct + i).to(tl.float32)
     c2 = tl.load(Cos + t * stride_ct + HALF + i).to(tl.float32)
     s1 = tl.load(Sin + t * stride_ct + i).to(tl.float32)
     s2 = tl.load(Sin + t * stride_ct + HALF + i).to(tl.float32)
-    y1 = (x1 * c1 - x2 * s1).to(dt)  # rotate_half(x) = (-x2, x1)
-    y2 = (x2 * c2 + x1 * s2).to(dt)
-    if j < H:
-        tl.store(Q + t * stride_qt + j * stride_qh + i, y1)
-        tl.store(Q + t * stride_qt + j * stride_qh + HALF + i, y2)
-    else:
-        kvh = j - H
-        slot = tl.load(Slots + t)
-        k_dst = KC + slot * stride_ks + kvh * stride_kh
-        tl.store(k_dst + i, y1.to(KC.dtype.element_ty))
-        tl.store(k_dst + HALF + i, y2.to(KC.dtype.element_ty))
-        v_src = row + HKV * (2 * HALF)  # the same KV head's v, HKV heads further along
-        v_dst = VC + slot * stride_vs + kvh * stride_vh
-        tl.store(v_dst + i, tl.load(v_src + i).to(VC.dtype.element_ty))
-        tl.store(v_dst + HALF + i, tl.load(v_src + HALF + i).to(VC.dtype.element_ty))
+    y1 = tl.where(is_v, v1, x1 * c1 - x2 * s1).to(dt)  # rotate_half(x) = (-x2, x1); v as is
+    y2 = tl.where(is_v, v2, x2 * c2 + x1 * s2).to(dt)
+    tl.store(Q + t * stride_qt + j * stride_qh + i, y1, mask=is_q)
+    tl.store(Q + t * stride_qt + j * stride_qh + HALF + i, y2, mask=is_q)
+    slot = tl.load(Slots + t)
+    is_k = (j >= H) & (j < H + HKV)
+    k_dst = KC + slot * stride_ks + (j - H) * stride_kh + i
+    tl.store(k_dst, y1.to(KC.dtype.element_ty), mask=is_k)
+    tl.store(k_dst + HALF, y2.to(KC.dtype.element_ty), mask=is_k)
+    v_dst = VC + slot * stride_vs + (j - H - HKV) * stride_vh + i
+    tl.store(v_dst, y1.to(VC.dtype.element_ty), mask=is_v & live)
+    tl.store(v_dst + HALF, y2.to(VC.dtype.element_ty), mask=is_v & live)
+
+
+def qkv_prep_heads(num_heads: int, num_kv_heads: int, head_dim: int) -> int:
+    """Heads per program of ``qkv_prep``: all of a token's q, k and v heads in one program
+    up to 4,096 values (Gemma 3 270M: 6 heads of 256; Llama 3.2 1B: 48 of 64), so a step
+    of T tokens launches about T programs, not T per head. ``ASERVE_QKV_HEADS`` overrides
+    it (a power of two; 1: a program per head, to measure)."""
+    env = os.environ.get("ASERVE_QKV_HEADS")
+    if env:
+        hb = int(env)
+        if hb < 1 or hb & (hb - 1):
+            raise ValueError(f"ASERVE_QKV_HEADS={env!r}: a power of two")
+        return hb
+    return min(triton.next_power_of_2(num_heads + 2 * num_kv_heads), max(1, 4096 // head_dim))
 
 
 def qkv_prep(
@@ -244,12 +258,13 @@ def qkv_prep(
         cos2, sin2 = cos2.contiguous(), sin2.contiguous()
     q = torch.empty((t, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if t:
-        _qkv_prep_kernel[(t, num_heads + num_kv_heads)](
+        hb = qkv_prep_heads(num_heads, num_kv_heads, head_dim)
+        _qkv_prep_kernel[(t, triton.cdiv(num_heads + 2 * num_kv_heads, hb))](
             qkv, qkv if q_weight is None else q_weight, qkv if k_weight is None else k_weight,
             cos2, sin2, slots, q, k_cache, v_cache,
             qkv.stride(0), cos2.stride(0), q.stride(0), q.stride(1),
             k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), eps,
-            H=num_heads, HKV=num_kv_heads, HALF=head_dim // 2, NORM=q_weight is not None, GEMMA=gemma,
+            H=num_heads, HKV=num_kv_heads, HALF=head_dim // 2, NORM=q_weight is not None, GEMMA=gemma, HB=hb,
             **launch_args(q),
         )  # fmt: skip
     return q

@@ -82,7 +82,8 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         for h, hkv, half, norm in ((4, 1, 128, True), (32, 8, 32, False)):
             ptrs = {n: act for n in ("QKV", "QW", "KW", "Cos", "Sin", "Q", "KC", "VC")} | {"Slots": "*i64"}
             out.append((f"qkv_prep h={h} hkv={hkv} half={half} {dtype}", fused._qkv_prep_kernel, ptrs,
-                        {"H": h, "HKV": hkv, "HALF": half, "NORM": norm, "GEMMA": norm, "PDL": norm}))  # fmt: skip
+                        {"H": h, "HKV": hkv, "HALF": half, "NORM": norm, "GEMMA": norm, "PDL": norm,
+                         "HB": fused.qkv_prep_heads(h, hkv, 2 * half)}))  # fmt: skip
     for dtype in ("bfloat16", "float32"):
         for automaton, masked in ((False, True), (True, True), (False, False)):
             ptrs = {"Logits": _PTR[dtype], "Bits": "*i32", "Count": "*i32"}

@@ -114,12 +114,18 @@ def test_gated_on_fused_projection_halves(dtype: torch.dtype) -> None:
     ("heads", "kv_heads", "dim", "norm"),
     [(4, 1, 256, True), (8, 2, 64, False), (4, 4, 32, True), (6, 2, 128, False)],
 )
+@pytest.mark.parametrize("heads_per_program", ["", "1", "4"])  # the default (all), one, a block that splits k/v
 def test_qkv_prep_matches_norm_rotary_and_cache_write(
-    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, norm: bool
-) -> None:
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, norm: bool, heads_per_program: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     """q/k norm + rotary + KV write from one fused projection == the eager modules in turn;
     q is fully written (poisoned output), only the tokens' cache slots change."""
-    from aserve.kernels.fused import qkv_prep
+    from aserve.kernels.fused import qkv_prep, qkv_prep_heads
+
+    monkeypatch.setenv("ASERVE_QKV_HEADS", heads_per_program)
+    if not heads_per_program:
+        assert qkv_prep_heads(heads, kv_heads, dim) >= heads + 2 * kv_heads  # one program a token
 
     g = torch.Generator().manual_seed(heads * dim + norm)
     t, slots_total = 7, 40
