@@ -5,7 +5,7 @@ parameters swept at the decode floor's shapes (issue 15: batch 256, context 1024
     python -m aserve.bench.decode_kernels --only sweep --shapes gemma3-270m      # one part
 
 * ``sweep``: random bf16 queries and a paged cache filled as a fresh pool fills it (each
-  sequence's slots in one run) and, as a check, shuffled; every launch configuration is
+  sequence's slots in one run) and, as a check, its pages shuffled; every launch configuration is
   captured in a CUDA graph of 20 calls and replayed (no launch cost), its output compared with
   the default configuration's (``gpu_workloads.graph_time_us``). Bandwidth = the KV bytes the kernel must read / its time.
 * ``step``: an engine at the floor's shapes (random weights), all requests decoding; the torch
@@ -34,6 +34,7 @@ from aserve.bench.checkpoints import SHAPES, build_checkpoint
 from aserve.bench.gpu_workloads import graph_time_us
 
 BATCH, CONTEXT = 256, 1024
+PAGE = 16  # EngineConfig's default page_size
 
 
 def _layers(shape: str) -> list[tuple[str, int | None]]:
@@ -43,17 +44,25 @@ def _layers(shape: str) -> list[tuple[str, int | None]]:
     return [("global", None)] if window is None else [("window", int(window)), ("global", None)]
 
 
-def sweep(shape: str, configs: list[DecodeLaunch], shuffled: bool, batch: int = BATCH) -> list[dict[str, Any]]:
+def sweep(
+    shape: str, configs: list[DecodeLaunch], shuffled: bool, batch: int = BATCH, layout: str = "token"
+) -> list[dict[str, Any]]:
+    """``shuffled``: the slots in pages of 16 (the engine's default page) in random order, as a
+    pool that has served many requests hands them out; otherwise each sequence's slots in one
+    run. ``layout``: the cache's memory order (``aserve.kv.pool.kv_tensor``)."""
     s = SHAPES[shape]
     hkv, d, h = s["num_key_value_heads"], s["head_dim"], s["num_attention_heads"]
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     slots = batch * CONTEXT + 1
-    k_cache = torch.randn(slots, hkv, d, device=dev, dtype=torch.bfloat16, generator=gen)
-    v_cache = torch.randn(slots, hkv, d, device=dev, dtype=torch.bfloat16, generator=gen)
+    dims = (hkv, slots, d) if layout == "head" else (slots, hkv, d)
+    k_cache, v_cache = (torch.randn(dims, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    if layout == "head":
+        k_cache, v_cache = k_cache.transpose(0, 1), v_cache.transpose(0, 1)
     order = torch.arange(1, slots, device=dev)
     if shuffled:
-        order = order[torch.randperm(slots - 1, device=dev, generator=gen)]
+        pages = order.view(-1, PAGE)
+        order = pages[torch.randperm(pages.shape[0], device=dev, generator=gen)].reshape(-1)
     table = torch.zeros(batch + 1, CONTEXT, dtype=torch.int64, device=dev)
     table[1:] = order.view(batch, CONTEXT)
     rows = torch.arange(1, batch + 1, device=dev)
@@ -67,7 +76,8 @@ def sweep(shape: str, configs: list[DecodeLaunch], shuffled: bool, batch: int = 
         ref = _decode(q, k_cache, v_cache, table, rows, seq_lens, CONTEXT, scale, window, torch.empty_like(q))
         for cfg in configs:
             o = torch.empty_like(q)
-            row: dict[str, Any] = {"shape": shape, "batch": batch, "layer": label, "shuffled": shuffled, **cfg.__dict__}
+            row: dict[str, Any] = {"shape": shape, "batch": batch, "layer": label, "shuffled": shuffled,
+                                   "layout": layout, **cfg.__dict__}  # fmt: skip
             try:
                 call = functools.partial(_decode, q, k_cache, v_cache, table, rows, seq_lens, CONTEXT, scale, window,
                                          o, cfg)  # fmt: skip
@@ -160,6 +170,7 @@ def main() -> None:
     ap.add_argument("--splits", default="0,1,4,8", help="0: the kernel's own choice")
     ap.add_argument("--engine-opt", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--batches", default=str(BATCH), help="the sweep's batch sizes")
+    ap.add_argument("--kv-layouts", default="token", help="the sweep's cache layouts: token, head")
     args = ap.parse_args()
     from aserve.bench.gpu_workloads import parse_engine_opts
 
@@ -177,9 +188,9 @@ def main() -> None:
     out = Path(args.out)
     if "sweep" in only:
         results["sweep"] = []
-        for shape, batch in itertools.product(shapes, ints(args.batches)):
-            results["sweep"] += sweep(shape, configs, shuffled=False, batch=batch)
-            results["sweep"] += sweep(shape, [DECODE_LAUNCH], shuffled=True, batch=batch)
+        for shape, batch, layout in itertools.product(shapes, ints(args.batches), args.kv_layouts.split(",")):
+            results["sweep"] += sweep(shape, configs, shuffled=False, batch=batch, layout=layout)
+            results["sweep"] += sweep(shape, [DECODE_LAUNCH], shuffled=True, batch=batch, layout=layout)
             out.write_text(json.dumps(results, indent=1))
     if "step" in only:
         opts = {"attention_backend": "triton", **parse_engine_opts(args.engine_opt)}
@@ -190,12 +201,16 @@ def main() -> None:
 
 def _table(results: dict[str, Any]) -> None:
     rows = [r for r in results.get("sweep", []) if "us" in r]
-    for key in sorted({(r["shape"], r["layer"], r["shuffled"]) for r in rows}):
-        mine = sorted((r for r in rows if (r["shape"], r["layer"], r["shuffled"]) == key), key=lambda r: r["us"])
+
+    def key_of(r: dict[str, Any]) -> tuple[Any, ...]:
+        return r["shape"], r["batch"], r["layout"], r["layer"], r["shuffled"]
+
+    for key in sorted({key_of(r) for r in rows}):
+        mine = sorted((r for r in rows if key_of(r) == key), key=lambda r: r["us"])
         default = next(
             (r for r in mine if (r["block_n"], r["num_warps"], r["num_stages"], r["splits"]) == (32, 4, 3, 0)), None
         )
-        print(f"\n{key[0]} {key[1]} layer{' (shuffled slots)' if key[2] else ''}:"
+        print(f"\n{key[0]} b={key[1]} {key[2]}-major {key[3]} layer{' (pages shuffled)' if key[4] else ''}:"
               f" default {default['us']:.1f} us ({default['tb_s']:.2f} TB/s)" if default else "")  # fmt: skip
         for r in mine[:5]:
             print(f"  block_n {r['block_n']:>3} warps {r['num_warps']} stages {r['num_stages']} splits {r['splits']}:"

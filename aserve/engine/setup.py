@@ -273,6 +273,8 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
         max_context=max_context,
         dtype=dtype,
         device=device,
+        # The cache's memory order on a GPU; "head" is measured against "token" (issue 15).
+        layout=os.environ.get("ASERVE_KV_LAYOUT", "token") if device.type == "cuda" else "token",
     )
     return LoadedEngine(
         model=model,

@@ -27,14 +27,18 @@ class KVPool(KVAllocator):
         max_context: int,
         dtype: torch.dtype,
         device: torch.device,
+        layout: str = "token",
     ) -> None:
         super().__init__(num_pages, page_size, num_rows, max_context)
         num_slots = num_pages * page_size
+        if layout not in ("token", "head"):
+            raise ValueError(f"KV layout {layout!r}: 'token' or 'head'")
+        self.layout = layout
         # One extra slot at the end: padded (unused) token positions may point there.
         self.kv_cache: list[tuple[torch.Tensor, torch.Tensor]] = [
             (
-                torch.zeros(num_slots + 1, config.num_kv_heads, config.head_dim, dtype=dtype, device=device),
-                torch.zeros(num_slots + 1, config.num_kv_heads, config.head_dim, dtype=dtype, device=device),
+                kv_tensor(num_slots + 1, config, dtype, device, layout),
+                kv_tensor(num_slots + 1, config, dtype, device, layout),
             )
             for _ in range(config.num_layers)
         ]
@@ -51,6 +55,18 @@ class KVPool(KVAllocator):
         """The engine closed: drop the KV cache and the request table (the ledger stays readable)."""
         self.kv_cache = []
         self.table_device = self.table_device.new_empty(0, 0)
+
+
+def kv_tensor(slots: int, config: ModelConfig, dtype: torch.dtype, device: torch.device, layout: str) -> torch.Tensor:
+    """One layer's K (or V) cache, [slots, KV heads, head_dim], zeroed. ``token``: contiguous,
+    a token's heads side by side; ``head``: the same shape over [KV heads, slots, head_dim]
+    memory (``transpose``), so one head's keys for consecutive slots are consecutive bytes —
+    a decode program, which reads one head of one sequence, streams runs of a page's length
+    instead of a head_dim-sized piece of every token. The kernels index through strides."""
+    hkv, d = config.num_kv_heads, config.head_dim
+    if layout == "head":
+        return torch.zeros(hkv, slots, d, dtype=dtype, device=device).transpose(0, 1)
+    return torch.zeros(slots, hkv, d, dtype=dtype, device=device)
 
 
 def bytes_per_token(config: ModelConfig, dtype: torch.dtype) -> int:

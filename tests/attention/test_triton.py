@@ -126,6 +126,40 @@ def test_fixed_shape_step_matches_reference(
     torch.testing.assert_close(out[:t], out_ref, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(("prefix", "extend"), [([0, 5, 40, 77], [1, 1, 1, 1]), ([33, 7, 0], [1, 1, 37])],
+                         ids=["decode", "mixed"])  # fmt: skip
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(8, 4, 32, None), (4, 2, 64, 6)])
+def test_head_major_cache_gives_the_same_outputs(
+    heads: int, kv_heads: int, dim: int, window: int | None, prefix: list[int], extend: list[int]
+) -> None:
+    """The kernels index the cache through its strides: a head-major cache
+    (``kv_tensor(..., "head")``) holding the same keys gives bit-identical outputs and receives
+    the new tokens' K/V at the same [slot, head] places."""
+    from aserve.kv.pool import kv_tensor
+    from aserve.models.config import ModelConfig
+
+    _, _, (kc, vc, meta, q) = _case(6, heads, kv_heads, dim, prefix, extend, window)
+    cfg = ModelConfig(
+        architecture="llama", vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1, num_heads=heads,
+        num_kv_heads=kv_heads, head_dim=dim, rms_norm_eps=1e-6, max_position_embeddings=128, rope_theta=1e4,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(6)
+    t = sum(extend)
+    k, v = (torch.randn(t, kv_heads, dim, generator=g).to(DEVICE) for _ in range(2))
+    caches = []
+    for layout in ("token", "head"):
+        kc2, vc2 = (kv_tensor(kc.shape[0], cfg, kc.dtype, kc.device, layout) for _ in range(2))
+        kc2.copy_(kc)
+        vc2.copy_(vc)
+        assert kc2.is_contiguous() == (layout == "token")
+        fresh = build_metadata(meta.req_to_token, meta.req_pool_indices.tolist(), meta.prefix_lens.tolist(),
+                               extend, DEVICE)  # fmt: skip
+        caches.append((paged_attention_triton(q, k, v, kc2, vc2, fresh, dim**-0.5, window), kc2, vc2))
+    (out_t, kc_t, vc_t), (out_h, kc_h, vc_h) = caches
+    assert torch.equal(out_h, out_t) and torch.isfinite(out_h).all()
+    assert torch.equal(kc_h, kc_t) and torch.equal(vc_h, vc_t)
+
+
 @pytest.mark.parametrize("extend", [[20, 13], [1, 1, 1], [1, 1, 20]], ids=["extend", "decode", "mixed"])
 def test_poisoned_output_is_fully_written(monkeypatch: pytest.MonkeyPatch, extend: list[int]) -> None:
     """Both kernels write every element: their output (and split) buffers start as NaN here."""

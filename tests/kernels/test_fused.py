@@ -115,8 +115,9 @@ def test_gated_on_fused_projection_halves(dtype: torch.dtype) -> None:
     [(4, 1, 256, True), (8, 2, 64, False), (4, 4, 32, True), (6, 2, 128, False)],
 )
 @pytest.mark.parametrize("heads_per_program", ["", "1", "4"])  # the default (all), one, a block that splits k/v
+@pytest.mark.parametrize("layout", ["token", "head"])
 def test_qkv_prep_matches_norm_rotary_and_cache_write(
-    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, norm: bool, heads_per_program: str,
+    dtype: torch.dtype, heads: int, kv_heads: int, dim: int, norm: bool, heads_per_program: str, layout: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """q/k norm + rotary + KV write from one fused projection == the eager modules in turn;
@@ -140,6 +141,9 @@ def test_qkv_prep_matches_norm_rotary_and_cache_write(
         k_norm.weight.copy_(torch.randn(dim, generator=g) * 0.3)
     caches = [torch.randn(slots_total, kv_heads, dim, generator=g).to(DEVICE, dtype) for _ in range(4)]
     k_ref, v_ref, k_out, v_out = caches
+    if layout == "head":  # the cache's memory [KV heads, slots, D]: the kernel writes through strides
+        k_out, v_out = (torch.empty(kv_heads, slots_total, dim, dtype=dtype, device=DEVICE).transpose(0, 1)
+                        for _ in range(2))  # fmt: skip
     k_out.copy_(k_ref)
     v_out.copy_(v_ref)
 
