@@ -19,8 +19,12 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
 
 from aserve.kernels.pdl import launch_args, wait_for_prior
+
+# Triton's interpreter (kernels on a CPU) has no libdevice: numpy's cos and sin there.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -268,3 +272,38 @@ def qkv_prep(
             **launch_args(q),
         )  # fmt: skip
     return q
+
+
+@triton.jit
+def _cos_sin_kernel(Pos, Inv, Cos, Sin, stride_c, HALF: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr):
+    """One token's rotary table: ``f = float(pos) * inv_freq`` [HALF], cos(f) and sin(f) rounded
+    to the output dtype, each written twice ([f, f], as ``Rotary.cos_sin``'s ``cat``)."""
+    wait_for_prior(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, HALF)
+    f = tl.load(Pos + t).to(tl.float32) * tl.load(Inv + i)
+    if PRECISE:  # libdevice's cosf / sinf, torch's CUDA cos / sin (tl.cos is an approximation there)
+        c = libdevice.cos(f)
+        s = libdevice.sin(f)
+    else:
+        c = tl.cos(f)
+        s = tl.sin(f)
+    c = c.to(Cos.dtype.element_ty)
+    s = s.to(Sin.dtype.element_ty)
+    tl.store(Cos + t * stride_c + i, c)
+    tl.store(Cos + t * stride_c + HALF + i, c)
+    tl.store(Sin + t * stride_c + i, s)
+    tl.store(Sin + t * stride_c + HALF + i, s)
+
+
+def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``Rotary.cos_sin`` in one kernel: positions [T] (integers) and ``inv_freq`` [D/2] float32
+    -> cos, sin [T, 1, D] in ``dtype``, where torch's ops take eight launches (the float cast,
+    the product, the cat, cos, sin and two casts)."""
+    t, half = positions.shape[0], inv_freq.shape[0]
+    cos = torch.empty((t, 1, 2 * half), dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    if t:
+        _cos_sin_kernel[(t,)](positions, inv_freq, cos, sin, cos.stride(0), HALF=half, PRECISE=not _INTERPRETED,
+                              **launch_args(cos))  # fmt: skip
+    return cos, sin

@@ -6,6 +6,7 @@ Parameter names mirror Hugging Face transformers so checkpoints map one to one.
 from __future__ import annotations
 
 import math
+import os
 import weakref
 from collections.abc import Callable
 from types import ModuleType
@@ -167,6 +168,10 @@ def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> to
     return torch.where(medium, smoothed, scaled)
 
 
+# ``ASERVE_ROPE=torch`` keeps torch's ops for the rotary table where fused ops are on (to measure).
+_ROPE_KERNEL = os.environ.get("ASERVE_ROPE", "kernel") != "torch"
+
+
 class Rotary:
     """NeoX / HF "rotate_half" rotary embedding. Not an ``nn.Module``: it holds no weights,
     so models can be built on the meta device and the frequencies stay exact float32."""
@@ -174,6 +179,7 @@ class Rotary:
     def __init__(self, head_dim: int, base: float, scaling: RopeScaling | None) -> None:
         self.inv_freq = rope_inv_freq(head_dim, base, scaling)  # [D/2] float32 on CPU
         self._on_device: dict[torch.device, torch.Tensor] = {}
+        self.fused = False  # set by set_fused_ops(): one Triton kernel on a GPU
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: [T] int64 -> cos, sin: [T, 1, D] in ``dtype`` (computed in float32)."""
@@ -181,6 +187,10 @@ class Rotary:
         inv = self._on_device.get(dev)
         if inv is None:
             inv = self._on_device[dev] = self.inv_freq.to(dev)
+        if self.fused and dev.type == "cuda" and _ROPE_KERNEL:
+            from aserve.kernels.fused import cos_sin
+
+            return cos_sin(positions, inv, dtype)
         freqs = positions.float()[:, None] * inv[None, :]  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
         return emb.cos().to(dtype)[:, None, :], emb.sin().to(dtype)[:, None, :]
@@ -356,6 +366,8 @@ def set_fused_ops(model: nn.Module, on: bool) -> None:
     for module in model.modules():
         if isinstance(module, (RMSNorm, GatedMLP, PagedSelfAttention)):
             module.fused = on
+        for rope in (v for v in vars(module).values() if isinstance(v, Rotary)):
+            rope.fused = on
         if on and isinstance(module, (GatedMLP, PagedSelfAttention)):
             module.pack_weights()
 

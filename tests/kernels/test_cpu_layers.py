@@ -33,6 +33,19 @@ def model() -> tuple[ModelConfig, nn.Module]:
     return cfg, m
 
 
+def test_fused_ops_switch_the_rotary_tables(model: tuple[ModelConfig, nn.Module]) -> None:
+    """``set_fused_ops`` reaches the model's rotary tables (not modules): on a GPU they are
+    one kernel; on a CPU ``cos_sin`` keeps torch's ops either way."""
+    _, m = model
+    ropes = [m.rope_local, m.rope_global]
+    assert all(r.fused for r in ropes)
+    set_fused_ops(m, False)
+    try:
+        assert not any(r.fused for r in ropes)
+    finally:
+        set_fused_ops(m, True)
+
+
 class _Count:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         k = gl.kernel()

@@ -171,3 +171,29 @@ def test_qkv_prep_matches_norm_rotary_and_cache_write(
     untouched = torch.ones(slots_total, dtype=torch.bool, device=DEVICE)
     untouched[slots] = False
     assert torch.equal(k_out[untouched], k_ref[untouched])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    ("head_dim", "base", "scaled"), [(64, 500000.0, True), (256, 10000.0, False), (32, 1e6, False)]
+)
+def test_cos_sin_matches_torch_ops(dtype: torch.dtype, head_dim: int, base: float, scaled: bool) -> None:
+    """The rotary table in one kernel == ``Rotary.cos_sin``'s torch ops, positions up to 131k
+    (where an approximate cos would be far off); on a CPU the interpreter's numpy cos and sin
+    differ from torch's by an ulp at most before rounding."""
+    from aserve.kernels.fused import cos_sin
+    from aserve.models.config import RopeScaling
+
+    scaling = RopeScaling("llama3", 32.0, 1.0, 4.0, 8192) if scaled else None
+    rope = Rotary(head_dim, base, scaling)
+    g = torch.Generator().manual_seed(head_dim)
+    positions = torch.cat([torch.arange(40), torch.randint(0, 131072, (60,), generator=g)]).to(DEVICE)
+    cos_ref, sin_ref = rope.cos_sin(positions, dtype)
+    inv = rope.inv_freq.to(DEVICE)
+    cos, sin = cos_sin(positions, inv, dtype)
+    assert cos.shape == cos_ref.shape == (100, 1, head_dim) and cos.dtype == dtype
+    ulp = torch.finfo(dtype).eps
+    torch.testing.assert_close(cos, cos_ref, rtol=ulp, atol=ulp)
+    torch.testing.assert_close(sin, sin_ref, rtol=ulp, atol=ulp)
+    rope.fused = True  # the module takes the kernel on a GPU, torch's ops on a CPU
+    torch.testing.assert_close(rope.cos_sin(positions, dtype)[0], cos_ref, rtol=ulp, atol=ulp)

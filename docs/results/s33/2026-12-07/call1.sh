@@ -2,7 +2,8 @@
 # Session 33, call 1 (issue 15): three changes to the decode step, each against the defaults in
 # the same process order, taking turns: programmatic dependent launch (ASERVE_PDL=1, its
 # second measurement), the q/k/v prologue with a token's heads in one program (the default
-# now; ASERVE_QKV_HEADS=1 is the old program per head), and a head-major KV cache
+# now; ASERVE_QKV_HEADS=1 is the old program per head), the rotary table in one kernel (the
+# default now; ASERVE_ROPE=torch is torch's eight ops), and a head-major KV cache
 # (ASERVE_KV_LAYOUT=head). First the tests of all three on the device, the decode kernel alone
 # in both cache orders, then the floors, then the step's kernels on both shapes.
 # Carry [".gpu", ".whl"].
@@ -18,9 +19,9 @@ echo "tests under ASERVE_PDL=1 rc=$? after $(( $(date +%s) - S )) s"; grep -E "p
 timeout 60 python -m aserve.bench.decode_kernels --only sweep --shapes llama3.2-1b,gemma3-270m --block-n 32,64 --warps 4 \
   --stages 3 --splits 0 --kv-layouts token,head --out $OUT/sweep_layouts.json 2>&1 | grep -v "^{" | tail -40
 echo "sweep after $(( $(date +%s) - S )) s"
-for run in base1 pdl1 qkv1 head1 base2 pdl2 qkv2 head2; do
-  L=$(left); [ $L -gt 110 ] || { echo "floor $run skipped"; continue; }
-  case ${run%[0-9]} in pdl) env="ASERVE_PDL=1";; qkv) env="ASERVE_QKV_HEADS=1";; head) env="ASERVE_KV_LAYOUT=head";; *) env="ASERVE_PDL=0";; esac
+for run in base1 pdl1 qkv1 rope1 head1 base2 pdl2 qkv2 rope2 head2; do
+  L=$(left); [ $L -gt 100 ] || { echo "floor $run skipped"; continue; }
+  case ${run%[0-9]} in pdl) env="ASERVE_PDL=1";; qkv) env="ASERVE_QKV_HEADS=1";; rope) env="ASERVE_ROPE=torch";; head) env="ASERVE_KV_LAYOUT=head";; *) env="ASERVE_PDL=0";; esac
   env $env timeout 60 python -m aserve.bench.device_bench --only copy,floor --attention-backend triton \
     --out $OUT/floor_$run.json > /tmp/floor_$run.log 2>&1
   echo "== $run ($env) rc=$? after $(( $(date +%s) - S )) s"; grep -E "decode step" /tmp/floor_$run.log
