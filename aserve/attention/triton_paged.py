@@ -65,12 +65,12 @@ def _attend_block(
 
 @triton.jit
 def _decode_split_kernel(
-    Q, K, V, Table, Rows, SeqLens, MidO, MidLse, Out,
+    Q, K, V, Table, Rows, SeqLens, MidO, MidLse, Out, Count,
     stride_qt, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh, stride_tr,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
     scale, window,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, PDL: tl.constexpr,
+    HAS_WINDOW: tl.constexpr, PRECISION: tl.constexpr, INLINE_MERGE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     wait_for_prior(PDL)
     b = tl.program_id(0)
@@ -111,6 +111,42 @@ def _decode_split_kernel(
         o_ptrs = MidO + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + d[None, :]
         tl.store(o_ptrs, out, mask=g_mask[:, None])
         tl.store(MidLse + b * stride_lb + heads * stride_lh + split, lse, mask=g_mask)
+        if INLINE_MERGE:
+            # The last of this (token, KV head)'s programs to finish merges the splits (no merge
+            # kernel): every thread's stores above are issued (barrier) before the counter's
+            # release; the last program's acquire makes the others' partials visible to it.
+            tl.debug_barrier()
+            arrived = tl.atomic_add(Count + b * tl.num_programs(1) + kvh, 1, sem="acq_rel", scope="gpu")
+            if arrived == NUM_SPLITS - 1:
+                _merge_splits(MidO, MidLse, Out, b, heads, g_mask, d, stride_mb, stride_mh, stride_ms, stride_lb,
+                              stride_lh, stride_ot, stride_oh, NUM_SPLITS, BLOCK_G, D)  # fmt: skip
+                tl.atomic_xchg(Count + b * tl.num_programs(1) + kvh, 0, sem="relaxed", scope="gpu")  # next launch
+
+
+@triton.jit
+def _merge_splits(
+    MidO, MidLse, Out, b, heads, g_mask, d, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
+):  # fmt: skip
+    """Heads ``heads`` of token ``b``: the splits' partial outputs weighted by exp(lse_s - max
+    lse), summed split by split (as ``_decode_merge_kernel``); read past L1 (``.cg``), which
+    may not have seen other programs' stores."""
+    s = tl.arange(0, NUM_SPLITS)
+    lse = tl.load(MidLse + b * stride_lb + heads[:, None] * stride_lh + s[None, :], mask=g_mask[:, None],
+                  other=0.0, cache_modifier=".cg")  # fmt: skip
+    top = tl.max(lse, 1)
+    acc = tl.zeros([BLOCK_G, D], tl.float32)
+    total = tl.zeros([BLOCK_G], tl.float32)
+    for k in range(NUM_SPLITS):
+        lse_k = tl.load(MidLse + b * stride_lb + heads * stride_lh + k, mask=g_mask, other=0.0, cache_modifier=".cg")
+        w = tl.exp(lse_k - top)  # empty splits: exp(-1e30 - max) = 0; all empty: out = 0
+        o = tl.load(MidO + b * stride_mb + heads[:, None] * stride_mh + k * stride_ms + d[None, :],
+                    mask=g_mask[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
+        acc += o * w[:, None]
+        total += w
+    out = acc / tl.where(total == 0.0, 1.0, total)[:, None]
+    tl.store(Out + b * stride_ot + heads[:, None] * stride_oh + d[None, :], out.to(Out.dtype.element_ty),
+             mask=g_mask[:, None])  # fmt: skip
 
 
 @triton.jit
@@ -208,6 +244,24 @@ class DecodeLaunch:
     splits: int = 0
 
 
+# The splits' merge: "kernel" (a second kernel, ``_decode_merge_kernel``) or "inline" (the last
+# program of each (token, KV head) merges, counted on ``_arrivals``); ``ASERVE_DECODE_MERGE``.
+DECODE_MERGE = os.environ.get("ASERVE_DECODE_MERGE", "kernel")
+if DECODE_MERGE not in ("kernel", "inline"):
+    raise ValueError(f"ASERVE_DECODE_MERGE={DECODE_MERGE!r}: 'kernel' or 'inline'")
+_ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
+
+
+def _arrivals(device: torch.device, n: int) -> torch.Tensor:
+    """``n`` zeroed int32 counters for the inline merge, kept per (device, size): each launch
+    leaves them at zero (the merging program resets its own), so one tensor serves every
+    launch of that size, a CUDA graph's replays included. Launches on one stream only."""
+    c = _ARRIVALS.get((device, n))
+    if c is None:
+        c = _ARRIVALS[(device, n)] = torch.zeros(n, dtype=torch.int32, device=device)
+    return c
+
+
 def _decode_launch_from_env() -> DecodeLaunch:
     spec = os.environ.get("ASERVE_DECODE_LAUNCH")
     if not spec:
@@ -242,16 +296,18 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     # One split: the kernel writes ``out``; more: partial outputs merged by a second kernel.
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device) if splits > 1 else out
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device) if splits > 1 else out
+    inline = splits > 1 and DECODE_MERGE == "inline"
+    count = _arrivals(q.device, t * hkv) if inline else seq_lens
     _decode_split_kernel[(t, hkv, splits)](
-        q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse, out,
+        q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse, out, count,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), scale, window or 0,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
-        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype),
+        HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype), INLINE_MERGE=inline,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(q),
     )  # fmt: skip
-    if splits == 1:
+    if splits == 1 or inline:
         return out
     _decode_merge_kernel[(t, h)](
         mid_o, mid_lse, out, mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),

@@ -63,16 +63,27 @@ def test_decode_matches_reference(heads: int, kv_heads: int, dim: int, window: i
 
 @pytest.mark.parametrize(("block_n", "splits"), [(32, 1), (64, 1), (16, 2), (32, 4), (64, 8)])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(4, 2, 64, None), (4, 1, 256, 9)])
+@pytest.mark.parametrize("merge", ["kernel", "inline"])
 def test_decode_launch_configurations_agree(
-    block_n: int, splits: int, heads: int, kv_heads: int, dim: int, window: int | None
-) -> None:
-    """One split writes the output itself; more go through the merge kernel: both, at any
-    block size, equal the reference (splits that get no keys included: 8 splits of 20 keys)."""
+    block_n: int, splits: int, heads: int, kv_heads: int, dim: int, window: int | None, merge: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """One split writes the output itself; more go through the merge kernel or the inline
+    merge (the last program of a token's KV head): all, at any block size, equal the reference
+    (splits that get no keys included: 8 splits of 20 keys), and the inline merge leaves its
+    arrival counters at zero for the next launch (run twice)."""
+    from aserve.attention import triton_paged
+
+    monkeypatch.setattr(triton_paged, "DECODE_MERGE", merge)
     prefix = [0, 19, 60, 101]
     _, ref, (kc, vc, meta, q) = _case(3, heads, kv_heads, dim, prefix, [1] * 4, window)
-    out = _decode(q, kc, vc, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, 128, dim**-0.5, window,
-                  torch.empty_like(q), DecodeLaunch(block_n=block_n, splits=splits))  # fmt: skip
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for _ in range(2):
+        out = _decode(q, kc, vc, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, 128, dim**-0.5, window,
+                      torch.full_like(q, float("nan")), DecodeLaunch(block_n=block_n, splits=splits))  # fmt: skip
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    counters = triton_paged._ARRIVALS.get((q.device, 4 * kv_heads))
+    assert (counters is not None) == (merge == "inline" and splits > 1)
+    assert counters is None or (counters == 0).all()
 
 
 @pytest.mark.parametrize(

@@ -50,10 +50,12 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         for d, group, window in ((256, 4, True), (256, 4, False), (64, 4, False), (128, 8, False)):
             for splits in (1, 32):
                 ptrs = {n: act for n in ("Q", "K", "V")} | {n: "*i64" for n in ("Table", "Rows", "SeqLens")}
-                ptrs |= {"MidO": "*fp32", "MidLse": "*fp32", "Out": act}
-                cx = {"GROUP": group, "BLOCK_G": max(16, group), "D": d, "BLOCK_N": 32, "NUM_SPLITS": splits,
-                      "HAS_WINDOW": window, "PRECISION": prec, "PDL": splits == 1}  # fmt: skip
-                out.append((f"decode d={d} g={group} w={window} s={splits} {dtype}", tp._decode_split_kernel, ptrs, cx))
+                ptrs |= {"MidO": "*fp32", "MidLse": "*fp32", "Out": act, "Count": "*i32"}
+                for inline in (False, True) if splits > 1 else (False,):
+                    cx = {"GROUP": group, "BLOCK_G": max(16, group), "D": d, "BLOCK_N": 32, "NUM_SPLITS": splits,
+                          "HAS_WINDOW": window, "PRECISION": prec, "INLINE_MERGE": inline, "PDL": splits == 1}  # fmt: skip
+                    out.append((f"decode d={d} g={group} w={window} s={splits} inline={inline} {dtype}",
+                                tp._decode_split_kernel, ptrs, cx))  # fmt: skip
                 out.append((f"merge d={d} s={splits} {dtype}", tp._decode_merge_kernel,
                             {"MidO": "*fp32", "MidLse": "*fp32", "Out": act},
                             {"NUM_SPLITS": splits, "D": d, "PDL": splits > 1}))  # fmt: skip
