@@ -244,9 +244,11 @@ class DecodeLaunch:
     splits: int = 0
 
 
-# The splits' merge: "kernel" (a second kernel, ``_decode_merge_kernel``) or "inline" (the last
-# program of each (token, KV head) merges, counted on ``_arrivals``); ``ASERVE_DECODE_MERGE``.
-DECODE_MERGE = os.environ.get("ASERVE_DECODE_MERGE", "kernel")
+# The splits' merge: "inline" (the last program of each (token, KV head) merges, counted on
+# ``_arrivals``) or "kernel" (a second kernel, ``_decode_merge_kernel``); ``ASERVE_DECODE_MERGE``.
+# Inline saved 1.9% of the Gemma 3 270M shape's decode step at 256 rows on an H200 (its 18 merge
+# kernels took 51 us a step; docs/benchmarks.md, thirty-third session).
+DECODE_MERGE = os.environ.get("ASERVE_DECODE_MERGE", "inline")
 if DECODE_MERGE not in ("kernel", "inline"):
     raise ValueError(f"ASERVE_DECODE_MERGE={DECODE_MERGE!r}: 'kernel' or 'inline'")
 _ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}

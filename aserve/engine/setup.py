@@ -273,8 +273,9 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
         max_context=max_context,
         dtype=dtype,
         device=device,
-        # The cache's memory order on a GPU; "head" is measured against "token" (issue 15).
-        layout=os.environ.get("ASERVE_KV_LAYOUT", "token") if device.type == "cuda" else "token",
+        # The cache's memory order: head-major on a GPU (``ASERVE_KV_LAYOUT=token`` for the other;
+        # docs/benchmarks.md, thirty-third session), token-major for the CPU's kernels.
+        layout=os.environ.get("ASERVE_KV_LAYOUT", "head") if device.type == "cuda" else "token",
     )
     return LoadedEngine(
         model=model,

@@ -8,10 +8,11 @@ ahead of it on its stream is still finishing; its programs then wait (``gdc_wait
 thing each one does) until that kernel has completed and its writes are visible, so what it
 reads and writes is ordered as without PDL, and only the launch is overlapped.
 
-Off unless ``ASERVE_PDL=1`` (read at import). Measured once (an H100 host, docs/benchmarks.md,
-thirty-second session): a decode graph's replay 3.0% shorter on the Gemma 3 270M shape and 1.1%
-on Llama 3.2 1B's at 256 rows, the same tokens; but that run's own steps spanned longer on the
-device (1.99 against 1.93 ms on Gemma), which one pair cannot explain. Off until measured again.
+On by default on Hopper and later GPUs (compute capability 9.0+; ``griddepcontrol`` is sm_90
+PTX); ``ASERVE_PDL=0`` turns it off (read at import). Measured twice (docs/benchmarks.md): a
+decode graph's replay 3.0% / 1.1% shorter (Gemma 3 270M / Llama 3.2 1B shapes, 256 rows, an H100,
+thirty-second session) and 3.8% / 1.0% (an H200, thirty-third session, two pairs, the runs' own
+step spans no longer), the same tokens.
 """
 
 from __future__ import annotations
@@ -23,14 +24,21 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
-ON = os.environ.get("ASERVE_PDL", "0") == "1"
+ON = os.environ.get("ASERVE_PDL", "1") == "1"
+_CAPABLE: dict[int, bool] = {}  # CUDA device index -> compute capability 9.0 or later
 
 
 def launch_args(x: torch.Tensor) -> dict[str, bool]:
     """A launch's PDL keywords for a kernel over ``x``: its ``PDL`` constexpr, and Triton's
-    ``launch_pdl`` option when on (``ASERVE_PDL=1`` and a CUDA tensor; Triton's interpreter
-    takes no launch options)."""
-    return {"PDL": True, "launch_pdl": True} if ON and x.is_cuda else {"PDL": False}
+    ``launch_pdl`` option when on (``ASERVE_PDL`` not 0, a CUDA tensor on a Hopper or later GPU;
+    Triton's interpreter takes no launch options)."""
+    if not (ON and x.is_cuda):
+        return {"PDL": False}
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    capable = _CAPABLE.get(index)
+    if capable is None:
+        capable = _CAPABLE[index] = torch.cuda.get_device_capability(index) >= (9, 0)
+    return {"PDL": True, "launch_pdl": True} if capable else {"PDL": False}
 
 
 @triton.jit

@@ -75,6 +75,7 @@ def test_decode_launch_configurations_agree(
     from aserve.attention import triton_paged
 
     monkeypatch.setattr(triton_paged, "DECODE_MERGE", merge)
+    monkeypatch.setattr(triton_paged, "_ARRIVALS", {})  # not another test's counters
     prefix = [0, 19, 60, 101]
     _, ref, (kc, vc, meta, q) = _case(3, heads, kv_heads, dim, prefix, [1] * 4, window)
     for _ in range(2):
