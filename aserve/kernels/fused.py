@@ -158,13 +158,16 @@ def _gated_kernel(G, U, Y, stride_g, stride_u, stride_y, n, GELU: tl.constexpr, 
     mask = cols < n
     g = tl.load(G + row * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     u = tl.load(U + row * stride_u + cols, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Y + row * stride_y + cols, (_act(g, GELU) * u).to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _act(g, GELU: tl.constexpr):
+    """gelu (tanh approximation; tanh(z) = 2 * sigmoid(2z) - 1) or silu of float32 ``g``."""
     if GELU:
-        # gelu, tanh approximation; tanh(z) = 2 * sigmoid(2z) - 1
         z = 0.7978845608028654 * (g + 0.044715 * g * g * g)
-        act = 0.5 * g * (1.0 + (2.0 * tl.sigmoid(2.0 * z) - 1.0))
-    else:
-        act = g * tl.sigmoid(g)
-    tl.store(Y + row * stride_y + cols, (act * u).to(Y.dtype.element_ty), mask=mask)
+        return 0.5 * g * (1.0 + (2.0 * tl.sigmoid(2.0 * z) - 1.0))
+    return g * tl.sigmoid(g)
 
 
 def gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
@@ -183,6 +186,61 @@ def gated(gate: torch.Tensor, up: torch.Tensor, act: str) -> torch.Tensor:
             **launch_args(y),
         )  # fmt: skip
     return y.view(shape)
+
+
+@triton.jit
+def _gate_up_kernel(
+    X, W, Y, M, N, K, stride_xm, stride_wn, stride_ym,
+    GELU: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    """One [BM, BN] tile of ``act(x @ W[:N].T) * (x @ W[N:].T)``: the gate and up products of a
+    packed [gate; up] weight [2N, K] side by side, each rounded to the output dtype as the
+    GEMM's output would be, then the activation and product in float32, rounded once."""
+    wait_for_prior(PDL)
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    m_ok = rm < M
+    n_ok = rn < N
+    acc_g = tl.zeros([BM, BN], tl.float32)
+    acc_u = tl.zeros([BM, BN], tl.float32)
+    for k in range(0, K, BK):
+        k_ok = (k + rk) < K
+        a = tl.load(X + rm[:, None].to(tl.int64) * stride_xm + (k + rk)[None, :], mask=m_ok[:, None] & k_ok[None, :],
+                    other=0.0)  # fmt: skip
+        w_ptrs = W + rn[None, :].to(tl.int64) * stride_wn + (k + rk)[:, None]  # [BK, BN]: W[n, k] transposed
+        w_mask = k_ok[:, None] & n_ok[None, :]
+        wg = tl.load(w_ptrs, mask=w_mask, other=0.0)
+        wu = tl.load(w_ptrs + N * stride_wn, mask=w_mask, other=0.0)
+        acc_g = tl.dot(a, wg, acc_g, input_precision=PRECISION)
+        acc_u = tl.dot(a, wu, acc_u, input_precision=PRECISION)
+    dt = Y.dtype.element_ty
+    g = acc_g.to(dt).to(tl.float32)
+    u = acc_u.to(dt).to(tl.float32)
+    y = (_act(g, GELU) * u).to(dt)
+    tl.store(Y + rm[:, None].to(tl.int64) * stride_ym + rn[None, :], y, mask=m_ok[:, None] & n_ok[None, :])
+
+
+def gate_up_gated(x: torch.Tensor, gate_up_weight: torch.Tensor, act: str) -> torch.Tensor:
+    """``act(x @ gate.T) * (x @ up.T)`` for a packed [gate; up] weight [2I, H]: the gate/up GEMM
+    and the gated activation in one kernel, so the [T, 2I] product is never written. x: [T, H]
+    -> [T, I]. Used by ``GatedMLP`` where ``ASERVE_MLP_KERNEL=triton`` (to measure against
+    cuBLAS's GEMM and ``gated``)."""
+    t, k = x.shape
+    n = gate_up_weight.shape[0] // 2
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    assert gate_up_weight.stride(-1) == 1 and gate_up_weight.shape[1] == k
+    y = torch.empty((t, n), dtype=x.dtype, device=x.device)
+    if t:
+        bm = 16 if t <= 16 else 32 if t <= 32 else 64
+        bn, bk = 64, 64
+        _gate_up_kernel[(triton.cdiv(t, bm), triton.cdiv(n, bn))](
+            x, gate_up_weight, y, t, n, k, x.stride(0), gate_up_weight.stride(0), y.stride(0),
+            GELU=act == "gelu_tanh", BM=bm, BN=bn, BK=bk, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+            num_warps=4, num_stages=3, **launch_args(x),
+        )  # fmt: skip
+    return y
 
 
 @triton.jit

@@ -168,6 +168,9 @@ def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None) -> to
     return torch.where(medium, smoothed, scaled)
 
 
+# ``ASERVE_MLP_KERNEL=triton``: the gate/up GEMM and the gated activation as one Triton kernel
+# (``fused.gate_up_gated``) where fused ops run on a GPU; off until measured against cuBLAS.
+_MLP_KERNEL = os.environ.get("ASERVE_MLP_KERNEL", "cublas") == "triton"
 # ``ASERVE_ROPE=torch`` keeps torch's ops for the rotary table where fused ops are on (to measure).
 _ROPE_KERNEL = os.environ.get("ASERVE_ROPE", "kernel") != "torch"
 
@@ -226,6 +229,10 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: [T, hidden]
         if self.fused:
+            if self.gate_up_weight is not None and x.is_cuda and _MLP_KERNEL:
+                from aserve.kernels.fused import gate_up_gated
+
+                return self.down_proj(gate_up_gated(x, self.gate_up_weight, self.act))
             if self.gate_up_weight is not None:
                 inter = self.gate_proj.weight.shape[0]
                 gu = F.linear(x, self.gate_up_weight)  # [T, 2 * inter]

@@ -83,6 +83,10 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
         for gelu in (True, False):
             out.append((f"gated gelu={gelu} {dtype}", fused._gated_kernel, {"G": act, "U": act, "Y": act},
                         {"GELU": gelu, "BLOCK": 1024, "PDL": gelu}))  # fmt: skip
+            for bm in (16, 64):
+                out.append((f"gate_up gelu={gelu} bm={bm} {dtype}", fused._gate_up_kernel,
+                            {"X": act, "W": act, "Y": act},
+                            {"GELU": gelu, "BM": bm, "BN": 64, "BK": 64, "PRECISION": prec, "PDL": gelu}))  # fmt: skip
         # (query heads, KV heads, head_dim / 2, per-head q/k norm): Gemma 3 270M, Llama 3.2 1B.
         for h, hkv, half, norm in ((4, 1, 128, True), (32, 8, 32, False)):
             ptrs = {n: act for n in ("QKV", "QW", "KW", "Cos", "Sin", "Q", "KC", "VC")} | {"Slots": "*i64"}

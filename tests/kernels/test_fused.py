@@ -197,3 +197,22 @@ def test_cos_sin_matches_torch_ops(dtype: torch.dtype, head_dim: int, base: floa
     torch.testing.assert_close(sin, sin_ref, rtol=ulp, atol=ulp)
     rope.fused = True  # the module takes the kernel on a GPU, torch's ops on a CPU
     torch.testing.assert_close(rope.cos_sin(positions, dtype)[0], cos_ref, rtol=ulp, atol=ulp)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("act", ["gelu_tanh", "silu"])
+@pytest.mark.parametrize("tokens", [1, 20, 70])  # the three row-block sizes (16, 32, 64)
+def test_gate_up_gated_matches_gemm_then_gated(dtype: torch.dtype, act: str, tokens: int) -> None:
+    """The gate/up GEMM and the activation in one kernel == ``F.linear`` on the packed weight
+    then ``gated`` (a hidden size and an intermediate size that are not multiples of the tiles)."""
+    from aserve.kernels.fused import gate_up_gated
+
+    g = torch.Generator().manual_seed(tokens)
+    hidden, inter = 96, 100
+    x = torch.randn(tokens, hidden, generator=g).to(DEVICE, dtype)
+    w = (torch.randn(2 * inter, hidden, generator=g) / hidden**0.5).to(DEVICE, dtype)
+    gu = F.linear(x, w)
+    ref = gated(gu[:, :inter], gu[:, inter:], act)
+    out = gate_up_gated(x, w, act)
+    assert out.shape == (tokens, inter) and out.dtype == dtype
+    torch.testing.assert_close(out, ref, **_tol(dtype))

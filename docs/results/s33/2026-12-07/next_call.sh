@@ -5,9 +5,11 @@
 # in one kernel), never run together on a GPU; the new defaults against the old ones (the first
 # three off), taking turns, and with Llama's decode attention at 64 keys a block (13% ahead
 # alone in session 33's call 1; the seventh session saw 64 keys with two stages on par in the
-# step); the decode kernel alone for Llama over more launch configurations; decode runs at 64 /
-# 256 / 512 rows on both shapes, new against old. At most 8 files come back: the 64-key runs'
-# JSON stays behind (their lines are in the log). Carry [".gpu", ".whl"].
+# step); the gate/up GEMM and the activation as one Triton kernel (ASERVE_MLP_KERNEL=triton,
+# off by default, never run on a GPU); the decode kernel alone for Llama over more launch
+# configurations (if time is left); decode runs at 64 /
+# 256 / 512 rows on both shapes, new against old. At most 8 files come back: the 64-key and
+# MLP runs' JSON stays behind (their lines are in the log). Carry [".gpu", ".whl"].
 S=$(date +%s); BUDGET=${BUDGET:-540}
 python -m pip install -q --no-deps --no-index --break-system-packages .whl/*.whl 2>&1 | grep -v WARNING | tail -2
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -19,11 +21,11 @@ timeout 130 python -m pytest -q -m "" tests/gpu tests/attention tests/kernels/te
 echo "tests rc=$? after $(( $(date +%s) - S )) s"; grep -E "passed|failed" $OUT/tests.txt | tail -2; grep -E "^(FAILED|ERROR)" $OUT/tests.txt | head -8
 OLD="ASERVE_PDL=0 ASERVE_DECODE_MERGE=kernel ASERVE_KV_LAYOUT=token"
 t=90
-for run in new1 old1 b64_1 new2 old2 b64_2; do
+for run in new1 old1 b64_1 mlp_1 new2 old2 b64_2 mlp_2; do
   L=$(left); [ $L -gt 200 ] || { echo "floor $run skipped"; continue; }
-  case ${run%[0-9]} in old) env="$OLD";; b64_) env="ASERVE_DECODE_LAUNCH=64,4,3";; *) env="ASERVE_PDL=1";; esac
+  case ${run%[0-9]} in old) env="$OLD";; b64_) env="ASERVE_DECODE_LAUNCH=64,4,3";; mlp_) env="ASERVE_MLP_KERNEL=triton";; *) env="ASERVE_PDL=1";; esac
   env $env timeout $t python -m aserve.bench.device_bench --only copy,floor --attention-backend triton \
-    --out $( [ ${run%[0-9]} = b64_ ] && echo /tmp || echo $OUT )/floor_$run.json > /tmp/floor_$run.log 2>&1
+    --out $( case $run in b64*|mlp*) echo /tmp;; *) echo $OUT;; esac )/floor_$run.json > /tmp/floor_$run.log 2>&1
   echo "== $run ($env) rc=$? after $(( $(date +%s) - S )) s"; grep -E "decode step" /tmp/floor_$run.log; t=45
 done
 L=$(left); [ $L -gt 160 ] && timeout 45 python -m aserve.bench.decode_kernels --only sweep --shapes llama3.2-1b \
