@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,3 +89,15 @@ async def complete_each(engine: aserve.Engine, prompts: list[list[int]], params:
         for i in range(len(prompts)):
             tg.start_soon(one, i)
     return out
+
+
+def mixed_prompts(seed: int, n: int = 21) -> list[list[int]]:
+    """``n`` prompts of 4 to 91 tokens (ids 3..383, after a 1), for engine-equality tests."""
+    rng = random.Random(seed)
+    return [[1] + [rng.randrange(3, 384) for _ in range(rng.choice([3, 17, 40, 90]))] for _ in range(n)]
+
+
+def mixed_params(i: int) -> aserve.SamplingParams:
+    """Request ``i``'s params in the engine-equality tests: lengths 12 + 3i, every third
+    sampled (seeded), the rest greedy."""
+    return aserve.SamplingParams(max_tokens=12 + 3 * i, temperature=0.8 if i % 3 == 0 else 0, seed=i, ignore_eos=True)

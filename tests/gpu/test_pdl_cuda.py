@@ -5,15 +5,13 @@ do not depend on how arrivals group into steps)."""
 
 from __future__ import annotations
 
-import random
-
 import anyio
 import pytest
 import torch
 
 import aserve
 from aserve.kernels import fused, pdl
-from tests.workload import complete_all
+from tests.workload import complete_all, mixed_params, mixed_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -21,19 +19,12 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("model", ["tiny_gemma", "tiny_llama"])
 def test_pdl_gives_the_same_tokens(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, model: str) -> None:
     path, _ = request.getfixturevalue(model)
-    rng = random.Random(7)
-    prompts = [[1] + [rng.randrange(3, 384) for _ in range(rng.choice([3, 17, 40, 90]))] for _ in range(21)]
+    prompts = mixed_prompts(7)
 
     async def run() -> list[list[int]]:
         async with aserve.Engine(model=str(path), device="cuda", dtype="float32", max_running_requests=16,
                                  max_context=256) as engine:  # fmt: skip
-            out = await complete_all(
-                engine,
-                prompts,
-                lambda i: aserve.SamplingParams(
-                    max_tokens=12 + 3 * i, temperature=0.8 if i % 3 == 0 else 0, seed=i, ignore_eos=True
-                ),
-            )
+            out = await complete_all(engine, prompts, mixed_params)
             assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
             return out
 

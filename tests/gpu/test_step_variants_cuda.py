@@ -9,15 +9,13 @@ gives the same tokens (decode graphs, prefills, greedy and seeded sampling; floa
 
 from __future__ import annotations
 
-import random
-
 import anyio
 import pytest
 import torch
 
 import aserve
 from aserve.attention import triton_paged
-from tests.workload import complete_all
+from tests.workload import complete_all, mixed_params, mixed_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -28,8 +26,7 @@ def test_step_variant_gives_the_same_tokens(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, model: str, variant: str
 ) -> None:
     path, _ = request.getfixturevalue(model)
-    rng = random.Random(11)
-    prompts = [[1] + [rng.randrange(3, 384) for _ in range(rng.choice([3, 17, 40, 90]))] for _ in range(21)]
+    prompts = mixed_prompts(11)
 
     async def run(on: bool) -> list[list[int]]:
         monkeypatch.setenv("ASERVE_KV_LAYOUT", "head" if on and variant == "kv_head_major" else "token")
@@ -40,13 +37,7 @@ def test_step_variant_gives_the_same_tokens(
             head_major = on and variant == "kv_head_major"
             assert engine.runner.pool.layout == ("head" if head_major else "token")
             assert k0.is_contiguous() != head_major
-            out = await complete_all(
-                engine,
-                prompts,
-                lambda i: aserve.SamplingParams(
-                    max_tokens=12 + 3 * i, temperature=0.8 if i % 3 == 0 else 0, seed=i, ignore_eos=True
-                ),
-            )
+            out = await complete_all(engine, prompts, mixed_params)
             assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
             return out
 
