@@ -50,6 +50,7 @@ def _attend_block(
     masked. Returns the running max ``m_i`` [R], sum ``l_i`` [R] and unnormalised output
     ``acc`` [R, D], rescaled to the new max and with this block added."""
     slots = tl.load(Table + row * stride_tr + offs, mask=k_mask, other=0).to(tl.int64)
+    kvh = kvh.to(tl.int64)  # a head-major cache's head stride is slots x head_dim: 32 bits overflow
     k = tl.load(K + slots[:, None] * stride_ks + kvh * stride_kh + d[None, :], mask=k_mask[:, None], other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale  # [R, BLOCK_N]
     s = tl.where(allowed, s, _NEG)
@@ -118,6 +119,7 @@ def _decode_split_kernel(
             tl.debug_barrier()
             arrived = tl.atomic_add(Count + b * tl.num_programs(1) + kvh, 1, sem="acq_rel", scope="gpu")
             if arrived == NUM_SPLITS - 1:
+                tl.debug_barrier()  # every thread after the one that took the counter's acquire
                 _merge_splits(MidO, MidLse, Out, b, heads, g_mask, d, stride_mb, stride_mh, stride_ms, stride_lb,
                               stride_lh, stride_ot, stride_oh, NUM_SPLITS, BLOCK_G, D)  # fmt: skip
                 tl.atomic_xchg(Count + b * tl.num_programs(1) + kvh, 0, sem="relaxed", scope="gpu")  # next launch
@@ -251,16 +253,23 @@ class DecodeLaunch:
 DECODE_MERGE = os.environ.get("ASERVE_DECODE_MERGE", "inline")
 if DECODE_MERGE not in ("kernel", "inline"):
     raise ValueError(f"ASERVE_DECODE_MERGE={DECODE_MERGE!r}: 'kernel' or 'inline'")
-_ARRIVALS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_ARRIVALS: dict[tuple[torch.device, int, int], torch.Tensor] = {}
 
 
-def _arrivals(device: torch.device, n: int) -> torch.Tensor:
-    """``n`` zeroed int32 counters for the inline merge, kept per (device, size): each launch
-    leaves them at zero (the merging program resets its own), so one tensor serves every
-    launch of that size, a CUDA graph's replays included. Launches on one stream only."""
-    c = _ARRIVALS.get((device, n))
+def _arrivals(device: torch.device, n: int) -> torch.Tensor | None:
+    """``n`` zeroed int32 counters for the inline merge, kept per (device, stream, size): each
+    launch leaves them at zero (the merging program resets its own), so one tensor serves every
+    launch of that size on that stream (launches on one stream never overlap, a CUDA graph's
+    replays included; two engines' streams get their own). None while a CUDA graph is being
+    captured and they do not exist yet: made there, they would live in the graph's memory pool
+    and be zeroed only by its replays (the caller merges with the kernel instead; the decode
+    graphs warm each size up before capturing it)."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    c = _ARRIVALS.get((device, stream, n))
     if c is None:
-        c = _ARRIVALS[(device, n)] = torch.zeros(n, dtype=torch.int32, device=device)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
+        c = _ARRIVALS[(device, stream, n)] = torch.zeros(n, dtype=torch.int32, device=device)
     return c
 
 
@@ -298,10 +307,10 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     # One split: the kernel writes ``out``; more: partial outputs merged by a second kernel.
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device) if splits > 1 else out
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device) if splits > 1 else out
-    inline = splits > 1 and DECODE_MERGE == "inline"
-    count = _arrivals(q.device, t * hkv) if inline else seq_lens
+    count = _arrivals(q.device, t * hkv) if splits > 1 and DECODE_MERGE == "inline" else None
+    inline = count is not None
     _decode_split_kernel[(t, hkv, splits)](
-        q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse, out, count,
+        q, k_cache, v_cache, table, rows, seq_lens, mid_o, mid_lse, out, seq_lens if count is None else count,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         table.stride(0), mid_o.stride(0), mid_o.stride(1), mid_o.stride(2), mid_lse.stride(0), mid_lse.stride(1),
         out.stride(0), out.stride(1), scale, window or 0,

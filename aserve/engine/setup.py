@@ -273,9 +273,12 @@ def load_engine_parts(cfg: EngineConfig) -> LoadedEngine:
         max_context=max_context,
         dtype=dtype,
         device=device,
-        # The cache's memory order: head-major on a GPU (``ASERVE_KV_LAYOUT=token`` for the other;
-        # docs/benchmarks.md, thirty-third session), token-major for the CPU's kernels.
-        layout=os.environ.get("ASERVE_KV_LAYOUT", "head") if device.type == "cuda" else "token",
+        # The cache's memory order: head-major for the Triton kernels on a GPU
+        # (``ASERVE_KV_LAYOUT=token`` for the other; docs/benchmarks.md, thirty-third session),
+        # token-major for the CPU's kernels and the torch reference's gathers.
+        layout=os.environ.get("ASERVE_KV_LAYOUT", "head")
+        if device.type == "cuda" and cfg.resolved_attention_backend == "triton"
+        else "token",
     )
     return LoadedEngine(
         model=model,

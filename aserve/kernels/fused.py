@@ -19,12 +19,8 @@ import os
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from aserve.kernels.pdl import launch_args, wait_for_prior
-
-# Triton's interpreter (kernels on a CPU) has no libdevice: numpy's cos and sin there.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -282,10 +278,10 @@ def _qkv_prep_kernel(
     tl.store(Q + t * stride_qt + j * stride_qh + HALF + i, y2, mask=is_q)
     slot = tl.load(Slots + t)
     is_k = (j >= H) & (j < H + HKV)
-    k_dst = KC + slot * stride_ks + (j - H) * stride_kh + i
+    k_dst = KC + slot * stride_ks + (j - H).to(tl.int64) * stride_kh + i  # a head-major cache: 64-bit offsets
     tl.store(k_dst, y1.to(KC.dtype.element_ty), mask=is_k)
     tl.store(k_dst + HALF, y2.to(KC.dtype.element_ty), mask=is_k)
-    v_dst = VC + slot * stride_vs + (j - H - HKV) * stride_vh + i
+    v_dst = VC + slot * stride_vs + (j - H - HKV).to(tl.int64) * stride_vh + i
     tl.store(v_dst, y1.to(VC.dtype.element_ty), mask=is_v & live)
     tl.store(v_dst + HALF, y2.to(VC.dtype.element_ty), mask=is_v & live)
 
@@ -333,21 +329,17 @@ def qkv_prep(
 
 
 @triton.jit
-def _cos_sin_kernel(Pos, Inv, Cos, Sin, stride_c, HALF: tl.constexpr, PRECISE: tl.constexpr, PDL: tl.constexpr):
+def _cos_sin_kernel(Pos, Inv, Cos, Sin, stride_p, stride_c, HALF: tl.constexpr, PDL: tl.constexpr):
     """One token's rotary table: ``f = float(pos) * inv_freq`` [HALF], cos(f) and sin(f) rounded
-    to the output dtype, each written twice ([f, f], as ``Rotary.cos_sin``'s ``cat``)."""
+    to the output dtype, each written twice ([f, f], as ``Rotary.cos_sin``'s ``cat``). On NVIDIA
+    ``tl.cos`` / ``tl.sin`` lower to libdevice's ``__nv_cosf`` / ``__nv_sinf`` (CUDA's math
+    library, as torch's ops; no ``cos.approx``)."""
     wait_for_prior(PDL)
     t = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, HALF)
-    f = tl.load(Pos + t).to(tl.float32) * tl.load(Inv + i)
-    if PRECISE:  # libdevice's cosf / sinf, torch's CUDA cos / sin (tl.cos is an approximation there)
-        c = libdevice.cos(f)
-        s = libdevice.sin(f)
-    else:
-        c = tl.cos(f)
-        s = tl.sin(f)
-    c = c.to(Cos.dtype.element_ty)
-    s = s.to(Sin.dtype.element_ty)
+    f = tl.load(Pos + t * stride_p).to(tl.float32) * tl.load(Inv + i)
+    c = tl.cos(f).to(Cos.dtype.element_ty)
+    s = tl.sin(f).to(Sin.dtype.element_ty)
     tl.store(Cos + t * stride_c + i, c)
     tl.store(Cos + t * stride_c + HALF + i, c)
     tl.store(Sin + t * stride_c + i, s)
@@ -362,6 +354,6 @@ def cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype)
     cos = torch.empty((t, 1, 2 * half), dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
     if t:
-        _cos_sin_kernel[(t,)](positions, inv_freq, cos, sin, cos.stride(0), HALF=half, PRECISE=not _INTERPRETED,
+        _cos_sin_kernel[(t,)](positions, inv_freq, cos, sin, positions.stride(0), cos.stride(0), HALF=half,
                               **launch_args(cos))  # fmt: skip
     return cos, sin

@@ -61,9 +61,34 @@ def test_decode_matches_reference(heads: int, kv_heads: int, dim: int, window: i
     assert torch.isfinite(out).all()
 
 
+@pytest.fixture
+def programs_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In Triton's interpreter, run a launch's programs in a shuffled order rather than the
+    grid's, so that which program of a (token, KV head) arrives last varies (the inline merge's
+    counting). Nothing on a GPU, whose order is its own."""
+    if DEVICE == "cuda":
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.interpreter_builder
+    set_dim, set_idx = builder.set_grid_dim, builder.set_grid_idx
+    order: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+
+    def shuffled_dim(*grid: int) -> None:
+        set_dim(*grid)
+        ids = [(x, y, z) for x in range(grid[0]) for y in range(grid[1]) for z in range(grid[2])]
+        perm = random.Random(len(ids)).sample(ids, len(ids))
+        order.clear()
+        order.update(zip(ids, perm, strict=True))
+
+    monkeypatch.setattr(builder, "set_grid_dim", shuffled_dim)
+    monkeypatch.setattr(builder, "set_grid_idx", lambda x, y, z: set_idx(*order[(x, y, z)]))
+
+
 @pytest.mark.parametrize(("block_n", "splits"), [(32, 1), (64, 1), (16, 2), (32, 4), (64, 8)])
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(4, 2, 64, None), (4, 1, 256, 9)])
 @pytest.mark.parametrize("merge", ["kernel", "inline"])
+@pytest.mark.usefixtures("programs_out_of_order")
 def test_decode_launch_configurations_agree(
     block_n: int, splits: int, heads: int, kv_heads: int, dim: int, window: int | None, merge: str,
     monkeypatch: pytest.MonkeyPatch,
@@ -82,9 +107,64 @@ def test_decode_launch_configurations_agree(
         out = _decode(q, kc, vc, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, 128, dim**-0.5, window,
                       torch.full_like(q, float("nan")), DecodeLaunch(block_n=block_n, splits=splits))  # fmt: skip
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    counters = triton_paged._ARRIVALS.get((q.device, 4 * kv_heads))
-    assert (counters is not None) == (merge == "inline" and splits > 1)
-    assert counters is None or (counters == 0).all()
+    counters = list(triton_paged._ARRIVALS.values())
+    assert len(counters) == (merge == "inline" and splits > 1)
+    assert all(c.shape == (4 * kv_heads,) and (c == 0).all() for c in counters)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and the GPU's own program order")
+def test_inline_merge_at_scale_and_in_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The inline merge on a large grid (64 tokens x 8 KV heads x 32 splits), launched 50 times
+    eagerly and replayed 50 times in a CUDA graph: every output bit-identical to the first and
+    as close to the merge kernel's as summation order allows, the counters back at zero. A
+    graph captured before any counters exist for its size merges with the kernel (counters made
+    inside a capture would live in the graph's pool)."""
+    from aserve.attention import triton_paged
+
+    monkeypatch.setattr(triton_paged, "_ARRIVALS", {})
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    t, hkv, group, d, n = 64, 8, 4, 128, 2048
+    kc = torch.randn(t * n + 1, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    vc = torch.randn(t * n + 1, hkv, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    table = torch.arange(t * n, device="cuda").view(t, n)
+    rows = torch.arange(t, device="cuda")
+    seq_lens = torch.randint(0, n + 1, (t,), device="cuda", generator=gen)
+    seq_lens[0], seq_lens[1] = 0, n
+    q = torch.randn(t, hkv * group, d, device="cuda", dtype=torch.bfloat16, generator=gen)
+    launch = DecodeLaunch(splits=32)
+
+    def run() -> torch.Tensor:
+        return _decode(q, kc, vc, table, rows, seq_lens, n, d**-0.5, None, torch.full_like(q, float("nan")), launch)
+
+    monkeypatch.setattr(triton_paged, "DECODE_MERGE", "kernel")
+    ref = run()
+    monkeypatch.setattr(triton_paged, "DECODE_MERGE", "inline")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # a capture before this size's counters exist: the merge kernel
+        graph0 = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph0):
+            out0 = run()
+    assert not triton_paged._ARRIVALS
+    graph0.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out0, ref)
+    first = run()
+    torch.testing.assert_close(first, ref, rtol=1e-2, atol=1e-2)
+    assert all(torch.equal(run(), first) for _ in range(50))
+    with torch.cuda.stream(side):
+        run()  # this stream's counters, made outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = run()
+    torch.cuda.synchronize()
+    for _ in range(50):
+        out.fill_(float("nan"))
+        graph.replay()
+        assert torch.equal(out, first)
+    torch.cuda.synchronize()
+    assert len(triton_paged._ARRIVALS) == 2  # the default stream's and the side stream's
+    assert all((c == 0).all() for c in triton_paged._ARRIVALS.values())
 
 
 @pytest.mark.parametrize(

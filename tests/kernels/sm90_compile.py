@@ -79,7 +79,7 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                         {"X": act, "Cos": act, "Sin": act, "Y": act}, {"HALF": half}))  # fmt: skip
             out.append((f"cos_sin half={half} {dtype}", fused._cos_sin_kernel,
                         {"Pos": "*i64", "Inv": "*fp32", "Cos": act, "Sin": act},
-                        {"HALF": half, "PRECISE": True, "PDL": half == 32}))  # fmt: skip
+                        {"HALF": half, "PDL": half == 32}))  # fmt: skip
         for gelu in (True, False):
             out.append((f"gated gelu={gelu} {dtype}", fused._gated_kernel, {"G": act, "U": act, "Y": act},
                         {"GELU": gelu, "BLOCK": 1024, "PDL": gelu}))  # fmt: skip
