@@ -131,8 +131,8 @@ def _merge_splits(
     NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, D: tl.constexpr,
 ):  # fmt: skip
     """Heads ``heads`` of token ``b``: the splits' partial outputs weighted by exp(lse_s - max
-    lse), summed split by split (as ``_decode_merge_kernel``); read past L1 (``.cg``), which
-    may not have seen other programs' stores."""
+    lse), summed split by split; read past L1 (``.cg``), which may not have seen other
+    programs' stores. The split kernel's inline merge and ``_decode_merge_kernel`` share it."""
     s = tl.arange(0, NUM_SPLITS)
     lse = tl.load(MidLse + b * stride_lb + heads[:, None] * stride_lh + s[None, :], mask=g_mask[:, None],
                   other=0.0, cache_modifier=".cg")  # fmt: skip
@@ -156,17 +156,11 @@ def _decode_merge_kernel(
     MidO, MidLse, Out, stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ot, stride_oh,
     NUM_SPLITS: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """One (token, head): the splits' partial outputs weighted by exp(lse_s - max lse)."""
+    """One (token, head): the merge the split kernel does inline (``_merge_splits``), as a kernel."""
     wait_for_prior(PDL)
-    b = tl.program_id(0)
-    h = tl.program_id(1)
-    s = tl.arange(0, NUM_SPLITS)
-    d = tl.arange(0, D)
-    lse = tl.load(MidLse + b * stride_lb + h * stride_lh + s)
-    w = tl.exp(lse - tl.max(lse, 0))  # empty splits: exp(-1e30 - max) = 0; all empty: out = 0
-    o = tl.load(MidO + b * stride_mb + h * stride_mh + s[:, None] * stride_ms + d[None, :])
-    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(Out + b * stride_ot + h * stride_oh + d, out.to(Out.dtype.element_ty))
+    head = tl.program_id(1) + tl.arange(0, 1)
+    _merge_splits(MidO, MidLse, Out, tl.program_id(0), head, head >= 0, tl.arange(0, D), stride_mb, stride_mh,
+                  stride_ms, stride_lb, stride_lh, stride_ot, stride_oh, NUM_SPLITS, 1, D)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=["num_seqs"])  # any batch size: one compiled kernel
