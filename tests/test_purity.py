@@ -11,6 +11,8 @@ import textwrap
 
 PURE = [
     "aserve.scheduler.policy",
+    "aserve.scheduler.plan",
+    "aserve.scheduler.lpm",
     "aserve.scheduler.req",
     "aserve.scheduler.prefix",
     "aserve.scheduler.sizing",

@@ -28,7 +28,8 @@ import torch
 from aserve.kv.pool import KVPool
 from aserve.models.config import ModelConfig
 from aserve.sampling_params import SamplingParams
-from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
+from aserve.scheduler.plan import Plan, SchedulerConfig
+from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 
 _TEXT = (

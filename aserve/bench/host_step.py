@@ -44,7 +44,8 @@ from aserve.models.config import ModelConfig
 from aserve.sampling.grammar import Grammars
 from aserve.sampling.masks import MaskFiller, fill_masks
 from aserve.sampling_params import SamplingParams, StructuredOutputs
-from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
+from aserve.scheduler.plan import Plan, SchedulerConfig
+from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 
 _CFG = ModelConfig(

@@ -50,7 +50,8 @@ from aserve.engine.watchdog import LoopWatchdog
 from aserve.errors import EngineClosedError, EngineFailedError, KVAllocationError, KVCapacityError
 from aserve.logs import get_logger
 from aserve.sampling.masks import FillBeside, FillRunner
-from aserve.scheduler.policy import Blocked, Plan, Scheduler
+from aserve.scheduler.plan import Blocked, Plan
+from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 from aserve.sync import Signal
 

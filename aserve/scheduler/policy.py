@@ -4,106 +4,28 @@
 steps still in flight (``Req.num_computed``, ``Req.num_launched_outputs``). Decodes go first,
 then continuing chunked prefills, then new requests in arrival order (FCFS), all under one
 token budget per step.
+
+What it is configured with and what it returns (``SchedulerConfig``, ``Plan``, ``Blocked``)
+are in :mod:`aserve.scheduler.plan`; the longest-prefix-match queue order
+(``schedule_policy="lpm"``) is in :mod:`aserve.scheduler.lpm`.
 """
 
 from __future__ import annotations
 
-import os
 from collections import deque
-from dataclasses import dataclass
-from enum import Enum
-from typing import TYPE_CHECKING
 
 from aserve.kv.allocator import KVAllocator
 from aserve.scheduler.decode_batch import DecodeBlock, Decoders
+from aserve.scheduler.lpm import count_skips, order_waiting
+from aserve.scheduler.plan import Blocked, Plan, SchedulerConfig
 from aserve.scheduler.prefix import PrefixCache
 from aserve.scheduler.req import Req
 from aserve.scheduler.seq import SeqPlan
 
-__all__ = ["Blocked", "Plan", "Scheduler", "SchedulerConfig", "SeqPlan"]
-
-if TYPE_CHECKING:
-    from aserve.config import EngineConfig
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    max_num_batched_tokens: int = 2048
-    max_running_requests: int = 64
-    max_waiting_requests: int = 4096
-    radix_cache: bool = True
-    debug: bool = False
-    # "fcfs": arrival order. "lpm": longest cached prefix first when the queue is long, so
-    # requests that share a prefix run while it is cached; a request passed over
-    # ``lpm_max_skips`` times goes first (no starvation).
-    schedule_policy: str = "fcfs"
-    lpm_min_queue: int = 4
-    lpm_max_skips: int = 8
-    # Outputs a request may have launched but not committed (pipeline depth - 1).
-    max_lookahead: int = 1
-    # Constrained (structured-output) requests too: their steps split their launch, the sampler
-    # waiting for the commits its masks need. False: they wait for every commit instead (a
-    # look-ahead of zero; ASERVE_SPLIT_MASKS=0, kept to measure one against the other).
-    constrained_lookahead: bool = True
-
-    @classmethod
-    def from_engine(cls, cfg: EngineConfig) -> SchedulerConfig:
-        assert cfg.max_num_batched_tokens is not None and cfg.max_running_requests is not None, (
-            "the engine resolves the batch sizes at load"
-        )
-        return cls(
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            max_running_requests=cfg.max_running_requests,
-            max_waiting_requests=cfg.max_waiting_requests,
-            radix_cache=cfg.radix_cache,
-            debug=cfg.debug,
-            schedule_policy=cfg.schedule_policy,
-            max_lookahead=cfg.pipeline_depth - 1,
-            constrained_lookahead=os.environ.get("ASERVE_SPLIT_MASKS", "1") != "0",
-        )
-
-
-class Plan:
-    """The next step's sequences: decodes first, then prefill chunks.
-
-    ``block``: the plain decodes as columns (:class:`DecodeBlock`), leading the step;
-    ``extra``: the other sequences (decodes outside the batch, then prefill chunks) as
-    ``SeqPlan``\\ s. ``seqs`` is every sequence as a ``SeqPlan`` (built from the block on first
-    use, for debug checks and tests)."""
-
-    __slots__ = ("_seqs", "block", "extra", "num_decodes", "num_tokens")
-
-    def __init__(
-        self, seqs: list[SeqPlan], num_decodes: int | None = None, num_tokens: int | None = None,
-        block: DecodeBlock | None = None,
-    ) -> None:  # fmt: skip
-        """``num_decodes`` / ``num_tokens``: counted here unless the planner, which knows
-        them (the decodes lead, one token each), passes them."""
-        self.block = block
-        self.extra = seqs
-        self._seqs = seqs if block is None else None
-        nb = 0 if block is None else len(block)
-        self.num_decodes = nb + sum(1 for s in seqs if s.input_ids is None) if num_decodes is None else num_decodes
-        self.num_tokens = nb + sum(s.extend_len for s in seqs) if num_tokens is None else num_tokens
-
-    @property
-    def seqs(self) -> list[SeqPlan]:
-        if self._seqs is None:
-            assert self.block is not None
-            self._seqs = self.block.seq_plans() + self.extra
-        return self._seqs
-
-    def reqs(self) -> list[Req]:
-        """Every sequence's request, in launch order."""
-        extra = [s.req for s in self.extra]
-        return extra if self.block is None else self.block.reqs + extra
-
-
-class Blocked(Enum):
-    """Why ``schedule`` returned no plan."""
-
-    IDLE = "idle"  # nothing runnable
-    DRAIN = "drain"  # KV is short: commit everything in flight, then plan again
+# Plan and SchedulerConfig live in aserve.scheduler.plan; re-exported here only for the
+# modules that still import them from this one (Plan: aserve/device/runner.py, inputs.py,
+# automata.py; SchedulerConfig: aserve/engine/engine.py). Drop them once those import plan.
+__all__ = ["Plan", "Scheduler", "SchedulerConfig", "SeqPlan"]
 
 
 # Prefill tokens per step of a request that wants prompt logprobs: each one's logits row
@@ -235,7 +157,9 @@ class Scheduler:
             seqs.append(chunk)
             budget -= chunk.extend_len
             chunk_tokens += chunk.extend_len
-        order_before = self._order_waiting()
+        order_before = None
+        if (ordered := order_waiting(self.waiting, self.prefix, self.config)) is not None:
+            self.waiting, order_before = ordered
         while self.waiting and budget > 0 and len(self.running) < self.config.max_running_requests:
             req = self.waiting[0]
             if self.pool.rows.num_free == 0:
@@ -253,7 +177,7 @@ class Scheduler:
             budget -= chunk.extend_len
             chunk_tokens += chunk.extend_len
         if order_before is not None:
-            self._count_skips(order_before)
+            count_skips(order_before)
         if not seqs and block is None:
             if not pipeline_busy and self._unstick():
                 return self.schedule(pipeline_busy)
@@ -310,32 +234,6 @@ class Scheduler:
     def _failed_last(self, req: Req) -> bool:
         """Whether ``req``'s KV allocation just failed (it ends; planning goes on without it)."""
         return bool(self.failed) and self.failed[-1][0] is req
-
-    def _order_waiting(self) -> list[Req] | None:
-        """Longest-prefix-match order (policy "lpm"); returns the arrival order it replaced."""
-        cfg = self.config
-        if cfg.schedule_policy != "lpm" or not self.prefix.enabled or len(self.waiting) < cfg.lpm_min_queue:
-            return None
-        before = list(self.waiting)
-        rank = {id(r): i for i, r in enumerate(before)}
-        tree = self.prefix.tree
-
-        def key(r: Req) -> tuple[int, int, int]:
-            starved = r.lpm_skips >= cfg.lpm_max_skips
-            return (0 if starved else 1, 0 if starved else -tree.match_len(r.fill_ids), rank[id(r)])
-
-        self.waiting = deque(sorted(before, key=key))
-        return before
-
-    def _count_skips(self, before: list[Req]) -> None:
-        """A waiting request was skipped when someone who arrived after it was admitted."""
-        admitted = [i for i, r in enumerate(before) if r.row is not None]
-        if not admitted:
-            return
-        latest = max(admitted)
-        for r in before[:latest]:
-            if r.row is None and not r.finished:
-                r.lpm_skips += 1
 
     def _plan_decode(self, r: Req) -> SeqPlan | None:
         # Once per running request every step: KVAllocator.grow inlined for one token,

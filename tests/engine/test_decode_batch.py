@@ -41,7 +41,8 @@ from aserve.models.config import ModelConfig
 from aserve.sampling.grammar import Grammars
 from aserve.sampling.masks import fill_masks
 from aserve.sampling_params import SamplingParams, StructuredOutputs
-from aserve.scheduler.policy import Blocked, Plan, Scheduler, SchedulerConfig
+from aserve.scheduler.plan import Blocked, Plan, SchedulerConfig
+from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 
 _CFG = ModelConfig(

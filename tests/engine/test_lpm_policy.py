@@ -14,7 +14,8 @@ import aserve
 from aserve.kv.pool import KVPool
 from aserve.models.config import ModelConfig
 from aserve.sampling_params import SamplingParams
-from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
+from aserve.scheduler.plan import Plan, SchedulerConfig
+from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 
 

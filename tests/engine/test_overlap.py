@@ -25,7 +25,8 @@ from aserve.device.runner import ModelRunner
 from aserve.engine.commit import Committer
 from aserve.kv.pool import KVPool
 from aserve.models.config import ModelConfig
-from aserve.scheduler.policy import Plan, Scheduler, SchedulerConfig
+from aserve.scheduler.plan import Plan, SchedulerConfig
+from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 from tests.workload import TINY_LLAMA_KV_PER_TOKEN, Job, complete_all, run_jobs
 
