@@ -36,7 +36,7 @@ from aserve.device.events import DeviceEvent
 from aserve.device.future_map import FutureMap
 from aserve.device.inputs import build_inputs
 from aserve.device.runner import ModelRunner
-from aserve.device.step import StepOutputs
+from aserve.device.step import Step, StepOutputs
 from aserve.engine.cell import OutputCell
 from aserve.engine.commit import Committer
 from aserve.kv.pool import KVPool
@@ -139,7 +139,7 @@ def bench_batch(batch: int, steps: int, prompt_len: int = 128, grammars: Grammar
         host = build_inputs(plan, graphs)
         if automata:
             runner.automata.rows(plan, host)  # which rows' states the device holds (a GPU's launch)
-        step = runner._step(index, plan, done, done, done, [host])
+        step = Step.of(index, plan, done, done, done, [host])
         step.grammar_rows = host.grammar_rows
         for r in plan.reqs():
             r.inflight += 1
@@ -206,7 +206,7 @@ def bench_mixed(batch: int, steps: int, seed: int = 4, warmup: int = 100) -> dic
     from aserve.device.extend_graphs import ExtendGraphs
 
     rnd = random.Random(seed)
-    pool, sched, graphs, runner, committer = _host_parts(batch, 2100, radix_cache=True)
+    pool, sched, graphs, _, committer = _host_parts(batch, 2100, radix_cache=True)
     xgraphs = ExtendGraphs(torch.nn.Identity(), pool, torch.device("cpu"), 8192, batch, _CFG.vocab_size)
     reqs = []
     for i in range(6 * batch):
@@ -226,7 +226,7 @@ def bench_mixed(batch: int, steps: int, seed: int = 4, warmup: int = 100) -> dic
         t1 = time.perf_counter()
         if not isinstance(plan, Plan):
             break
-        step = runner._step(i, plan, done, done, done, [build_inputs(plan, graphs, xgraphs)])
+        step = Step.of(i, plan, done, done, done, [build_inputs(plan, graphs, xgraphs)])
         step.outputs = StepOutputs(token_ids=[7] * len(plan.reqs()))
         for r in plan.reqs():
             r.inflight += 1

@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from aserve.device.inputs import DeviceInputs, StepInputs
     from aserve.sampling.fsm import DeviceAutomaton, FsmState
     from aserve.sampling.sampler import SampleOutput
-    from aserve.scheduler.policy import Plan
+    from aserve.scheduler.plan import Plan
 
 
 def automata_on_device() -> bool:

@@ -27,7 +27,7 @@ from aserve.sampling.masks import GrammarState, fill_masks
 from aserve.sampling.sampler import SamplingBatch, make_sampling_batch
 from aserve.sampling_params import SamplingParams
 from aserve.scheduler.decode_batch import DecodeBlock
-from aserve.scheduler.policy import Plan
+from aserve.scheduler.plan import Plan
 
 if TYPE_CHECKING:
     from aserve.device.automata import AutomatonRows

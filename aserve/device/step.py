@@ -19,7 +19,7 @@ get :class:`aserve.errors.EngineClosedError` instead of hanging.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
 from aserve.device.events import DeviceEvent, HostMark
@@ -29,6 +29,7 @@ from aserve.scheduler.seq import SeqPlan
 
 if TYPE_CHECKING:
     from aserve.sampling.masks import FillRunner
+    from aserve.scheduler.plan import Plan
 
 
 @dataclass
@@ -43,6 +44,10 @@ class StepOutputs:
     prompt_logprobs: list[float] | None = None
     prompt_top_ids: list[list[int]] | None = None
     prompt_top_logprobs: list[list[float]] | None = None
+
+
+# The fields of a sampler's output that come back to the host, as StepOutputs names them.
+OUTPUT_NAMES = tuple(f.name for f in fields(StepOutputs))
 
 
 @dataclass(eq=False)
@@ -82,6 +87,26 @@ class Step:
     # (entry, GrammarState) of the rows a grammar constrains: the commit advances them.
     grammar_rows: list[tuple[int, Any]] = field(default_factory=list)
     block: DecodeBlock | None = None
+
+    @classmethod
+    def of(
+        cls, index: int, plan: Plan, begin: DeviceEvent, materialized: DeviceEvent, copied: DeviceEvent,
+        keepalive: list[Any],
+    ) -> Step:  # fmt: skip
+        """The handle of ``plan``'s launch; the plan's sequences are the snapshot the committer
+        reads."""
+        return cls(
+            index=index,
+            entries=plan.extra,
+            block=plan.block,
+            num_tokens=plan.num_tokens,
+            num_decodes=plan.num_decodes,
+            forward_begin=begin,
+            materialized=materialized,
+            copied=copied,
+            launch_time=0.0,
+            keepalive=keepalive,
+        )
 
     @property
     def num_seqs(self) -> int:

@@ -50,7 +50,8 @@ from aserve.sampling.fsm import automata_on
 from aserve.sampling.grammar import Grammars
 from aserve.sampling.masks import MaskFiller
 from aserve.sampling_params import SamplingParams, StructuredOutputs
-from aserve.scheduler.policy import Scheduler, SchedulerConfig
+from aserve.scheduler.plan import SchedulerConfig
+from aserve.scheduler.policy import Scheduler
 from aserve.scheduler.req import Req
 from aserve.stats import EngineStats, StepRecord, TraceWriter
 from aserve.sync import Signal

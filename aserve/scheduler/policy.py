@@ -22,10 +22,7 @@ from aserve.scheduler.prefix import PrefixCache
 from aserve.scheduler.req import Req
 from aserve.scheduler.seq import SeqPlan
 
-# Plan and SchedulerConfig live in aserve.scheduler.plan; re-exported here only for the
-# modules that still import them from this one (Plan: aserve/device/runner.py, inputs.py,
-# automata.py; SchedulerConfig: aserve/engine/engine.py). Drop them once those import plan.
-__all__ = ["Plan", "Scheduler", "SchedulerConfig", "SeqPlan"]
+__all__ = ["Scheduler"]
 
 
 # Prefill tokens per step of a request that wants prompt logprobs: each one's logits row

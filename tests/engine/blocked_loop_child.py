@@ -18,21 +18,22 @@ from typing import Any
 import anyio
 
 import aserve
+from aserve.device.forward import StepForward
 from aserve.device.runner import ModelRunner
 
 
 def main(model: str, device: str) -> None:
     calls = {"n": 0, "work": 0}
     real_launch = ModelRunner.launch
-    real_work = ModelRunner._device_work
+    real_work = StepForward.run
 
-    def device_work(self: ModelRunner, dev: Any) -> Any:
+    def device_work(self: StepForward, dev: Any) -> Any:
         calls["work"] += 1
         if device == "cpu" and calls["work"] == 2:
             time.sleep(3)
         return real_work(self, dev)
 
-    ModelRunner._device_work = device_work  # type: ignore[method-assign]
+    StepForward.run = device_work  # type: ignore[method-assign]
 
     def launch(self: ModelRunner, *args: Any, **kw: Any) -> Any:
         calls["n"] += 1

@@ -32,7 +32,6 @@ from aserve.device.events import DeviceEvent
 from aserve.device.extend_graphs import ExtendGraphs
 from aserve.device.future_map import FutureMap
 from aserve.device.inputs import build_inputs, unpack_int64
-from aserve.device.runner import ModelRunner
 from aserve.device.step import Step, StepOutputs
 from aserve.engine.cell import OutputCell
 from aserve.engine.commit import Committer
@@ -120,7 +119,6 @@ def _run(
     fmap = FutureMap(pool.rows.num_rows + 1, device, debug=False)
     graphs = DecodeGraphs(torch.nn.Identity(), pool, fmap, device, spec["rows"]) if spec["graphs"] else None
     xgraphs = ExtendGraphs(torch.nn.Identity(), pool, device, budget, spec["rows"], 64) if spec["graphs"] else None
-    runner = ModelRunner(torch.nn.Identity(), pool, device, fmap, None, None, decode_graphs=graphs)
     committer = Committer(sched, _Tokenizer(), on_finish=lambda r: None)  # type: ignore[arg-type]
     reqs: list[Req] = []
     for i, (prompt_len, max_tokens, kind) in enumerate(spec["reqs"]):
@@ -205,7 +203,7 @@ def _run(
             assert views["graph_in"][2, :n].tolist() == [s.slots[0] for s in seqs]
             assert views["gens"].tolist() == [s.generation for s in seqs]
         planned.append(sorted((s.req.rid, s.prefix_len, s.extend_len, s.output_index) for s in seqs))
-        step = runner._step(index, plan, done, done, done, [host])
+        step = Step.of(index, plan, done, done, done, [host])
         step.grammar_rows = host.grammar_rows
         assert [i for i, _ in step.grammar_rows] == [i for i, s in enumerate(seqs) if s.samples and s.req.grammar]
         step_seqs[index] = seqs

@@ -9,20 +9,20 @@ import anyio
 import pytest
 
 import aserve
-from aserve.device.runner import ModelRunner
+from aserve.device.forward import StepForward
 
 
 def test_device_error_fails_requests_cleanly(tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    real = ModelRunner._device_work
+    real = StepForward.run
     calls = {"n": 0}
 
-    def flaky(self: ModelRunner, dev: Any) -> Any:
+    def flaky(self: StepForward, dev: Any) -> Any:
         calls["n"] += 1
         if calls["n"] == 6:
             raise RuntimeError("injected device failure")
         return real(self, dev)
 
-    monkeypatch.setattr(ModelRunner, "_device_work", flaky)
+    monkeypatch.setattr(StepForward, "run", flaky)
     errors: list[BaseException] = []
 
     async def run() -> None:

@@ -120,7 +120,7 @@ async def test_a_step_whose_candidates_may_miss_a_tie_samples_from_the_full_logi
     """Where ``sample_candidates`` cannot vouch for a row (a tie past the candidates: made to
     happen at every step here), the runner hands the step's full logits to the sampler: the
     same seeded tokens, every such step counted."""
-    from aserve.device import runner as runner_mod
+    from aserve.device import forward as forward_mod
 
     params = aserve.SamplingParams(max_tokens=12, temperature=1.0, top_k=20, seed=5, ignore_eos=True)
 
@@ -132,7 +132,7 @@ async def test_a_step_whose_candidates_may_miss_a_tie_samples_from_the_full_logi
     tokens, steps, fallbacks = await run()
     assert steps >= 11 and fallbacks == 0
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(runner_mod, "sample_candidates", lambda *args: None)
+        mp.setattr(forward_mod, "sample_candidates", lambda *args: None)
         tied, steps, fallbacks = await run()
     assert steps == 0 and fallbacks >= 11
     assert tied == tokens

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import aserve
-from aserve.device.runner import ModelRunner
+from aserve.device.forward import StepForward
 from aserve.engine.commit import Committer
 from aserve.kv.pool import KVPool
 from aserve.models.config import ModelConfig
@@ -154,10 +154,10 @@ def test_overlap_hides_host_time(tiny_llama: tuple[Path, Any], host_ms: int, dev
     time per step (~2 ms for the tiny model) is small beside both; tolerance is 25%.
     """
     host_s, device_s = host_ms / 1e3, device_ms / 1e3
-    real_work = ModelRunner._device_work
+    real_work = StepForward.run
     real_commit = Committer.commit
 
-    def slow_work(self: ModelRunner, dev: Any) -> Any:
+    def slow_work(self: StepForward, dev: Any) -> Any:
         time.sleep(device_s)  # the "device" is busy (worker thread; releases the GIL)
         return real_work(self, dev)
 
@@ -165,7 +165,7 @@ def test_overlap_hides_host_time(tiny_llama: tuple[Path, Any], host_ms: int, dev
         time.sleep(host_s)  # the host is busy on the event loop thread
         real_commit(self, step)
 
-    monkeypatch.setattr(ModelRunner, "_device_work", slow_work)
+    monkeypatch.setattr(StepForward, "run", slow_work)
     monkeypatch.setattr(Committer, "commit", slow_commit)
     steps = 20
 

@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import aserve
-from aserve.device.runner import ModelRunner
+from aserve.device.forward import StepForward
 from tests.workload import TINY_LLAMA_KV_PER_TOKEN, Job, run_jobs
 
 PER_TOKEN = TINY_LLAMA_KV_PER_TOKEN
@@ -143,13 +143,13 @@ def test_nothing_in_flight_is_evicted_or_published_early(
     """A delay between launch and commit keeps steps in flight long; with a pool small
     enough to evict constantly, the engine's debug checks (see module docstring) must
     never fire, and outputs still equal the cache-off run."""
-    real_work = ModelRunner._device_work
+    real_work = StepForward.run
 
-    def slow_work(self: ModelRunner, dev: Any) -> Any:
+    def slow_work(self: StepForward, dev: Any) -> Any:
         time.sleep(0.004)
         return real_work(self, dev)
 
-    monkeypatch.setattr(ModelRunner, "_device_work", slow_work)
+    monkeypatch.setattr(StepForward, "run", slow_work)
     jobs = _shared_prefix_jobs(seed=9, groups=4, per_group=5, prefix_len=29)
     cfg = {"overlap": True, "max_num_batched_tokens": 20, "kv_cache_bytes": PER_TOKEN * 4 * 48}
     off, _ = anyio.run(lambda: _run(tiny_llama[0], jobs, radix_cache=False, **cfg))

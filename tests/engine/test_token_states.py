@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 import aserve
-from aserve.device.runner import ModelRunner
+from aserve.device.forward import StepForward
 from aserve.device.step import Step
 
 STATES = ("planned", "in_flight", "materialized", "committed")
@@ -99,13 +99,13 @@ def test_states_resolve_in_order_and_show_the_overlap(tiny_llama: tuple[Path, An
 def test_states_never_reached_raise_engine_closed_at_shutdown(
     tiny_llama: tuple[Path, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = ModelRunner._device_work
+    real = StepForward.run
 
-    def slow(self: ModelRunner, dev: Any) -> Any:
+    def slow(self: StepForward, dev: Any) -> Any:
         time.sleep(0.3)  # the "device" is still busy when the engine closes
         return real(self, dev)
 
-    monkeypatch.setattr(ModelRunner, "_device_work", slow)
+    monkeypatch.setattr(StepForward, "run", slow)
     outcome: dict[str, Any] = {}
 
     async def wait_committed(step: Step) -> None:

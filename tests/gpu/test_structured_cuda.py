@@ -98,9 +98,9 @@ def test_greedy_constrained_rows_take_the_masked_argmax_after_the_decode_graph(
     place (a step's constrained rows against ``FUSED_ARGMAX_ROWS``); eager and serial,
     through the sampler, is the reference. With overlap the steps split (masks after the
     commit they need)."""
-    from aserve.device import runner
+    from aserve.device import forward
 
-    monkeypatch.setattr(runner, "FUSED_ARGMAX_ROWS", 1 if fused else 10**9)
+    monkeypatch.setattr(forward, "FUSED_ARGMAX_ROWS", 1 if fused else 10**9)
     regex = StructuredOutputs(regex=PATTERN)
     jobs = [(f"request {i}:", aserve.SamplingParams(max_tokens=40, temperature=0.0, structured_outputs=regex))
             for i in range(24)]  # fmt: skip
