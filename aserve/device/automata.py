@@ -284,7 +284,7 @@ class DevicePath:
             return out
         self.steps += 1
         if self.one_launch and dev.sbatch is None and dev.mask_rows is not None:
-            # A greedy step: its masked argmax (the runner's) takes the rows' automata.
+            # A greedy step: its masked argmax (StepForward's) takes the rows' automata.
             self.one_launch_steps += 1
             return sample(dev.with_automata(auto, packed))
         out = sample(dev.with_masks(auto.masks(packed, dev.rows, states)))

@@ -19,7 +19,7 @@ get :class:`aserve.errors.EngineClosedError` instead of hanging.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from aserve.device.events import DeviceEvent, HostMark
@@ -46,8 +46,10 @@ class StepOutputs:
     prompt_top_logprobs: list[list[float]] | None = None
 
 
-# The fields of a sampler's output that come back to the host, as StepOutputs names them.
-OUTPUT_NAMES = tuple(f.name for f in fields(StepOutputs))
+# The fields of a sampler's output (``SampleOutput``) that come back to the host, as
+# StepOutputs names them.
+OUTPUT_NAMES = ("token_ids", "logprobs", "top_ids", "top_logprobs", "prompt_logprobs", "prompt_top_ids",
+                "prompt_top_logprobs")  # fmt: skip
 
 
 @dataclass(eq=False)
