@@ -232,12 +232,29 @@ def _precision(dtype: torch.dtype) -> str:
 
 @dataclass(frozen=True)
 class DecodeLaunch:
-    """The split-K decode kernel's launch parameters. ``splits`` 0: ``num_decode_splits``."""
+    """The split-K decode kernel's launch parameters. ``splits`` 0: ``num_decode_splits``;
+    ``num_stages`` 0: ``decode_stages``."""
 
     block_n: int = 32
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int = 0
     splits: int = 0
+
+
+# Programs from which a decode launch over heads of at most 64 takes two pipeline stages, not
+# three (``decode_stages``).
+_TWO_STAGE_PROGRAMS = 2048
+
+
+def decode_stages(head_dim: int, programs: int) -> int:
+    """Pipeline stages of the decode kernel's key loop: two for heads of at most 64 in a launch
+    of ``_TWO_STAGE_PROGRAMS`` programs or more, else three. Measured on an H100 host
+    (docs/benchmarks.md, thirty-fourth session): Llama 3.2 1B's decode step (8 KV heads of 64) at
+    256 rows and 1,024 keys, one split (2,048 programs), 4.20 / 4.21 ms against 4.59 / 4.59 with
+    three; decode runs at 256 rows 4.2% faster, at 512 0.5%, and at 64 rows (512 programs) 1.5%
+    slower with two. Gemma 3 270M's heads of 256 are faster with three (1.79 against 1.89 ms).
+    A block of keys takes less shared memory with two stages, so more programs share an SM."""
+    return 2 if head_dim <= 64 and programs >= _TWO_STAGE_PROGRAMS else 3
 
 
 # The splits' merge: "inline" (the last program of each (token, KV head) merges, counted on
@@ -278,7 +295,8 @@ def _decode_launch_from_env() -> DecodeLaunch:
 
 
 # The decode kernel's launch parameters: DecodeLaunch's defaults, or ``ASERVE_DECODE_LAUNCH`` =
-# ``block_n,num_warps,num_stages[,splits]`` (for benchmarks; read at import). A sweep at batch 256,
+# ``block_n,num_warps,num_stages[,splits]`` (for benchmarks; read at import; num_stages 0:
+# ``decode_stages``). A sweep at batch 256,
 # context 1024 on an H200 (``python -m aserve.bench.decode_kernels``) put 64 keys a block with
 # two stages 10% ahead for Llama 3.2 1B's 64-wide heads in isolation; in the whole decode step
 # (graph replays, the same call) it was on par there (4.26 against 4.29 / 4.30 ms) and far
@@ -310,7 +328,7 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
         out.stride(0), out.stride(1), scale, window or 0,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), D=d, BLOCK_N=cfg.block_n, NUM_SPLITS=splits,
         HAS_WINDOW=window is not None, PRECISION=_precision(q.dtype), INLINE_MERGE=inline,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_args(q),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages or decode_stages(d, t * hkv * splits), **launch_args(q),
     )  # fmt: skip
     if splits == 1 or inline:
         return out

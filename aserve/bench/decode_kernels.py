@@ -208,7 +208,7 @@ def _table(results: dict[str, Any]) -> None:
     for key in sorted({key_of(r) for r in rows}):
         mine = sorted((r for r in rows if key_of(r) == key), key=lambda r: r["us"])
         default = next(
-            (r for r in mine if (r["block_n"], r["num_warps"], r["num_stages"], r["splits"]) == (32, 4, 3, 0)), None
+            (r for r in mine if (r["block_n"], r["num_warps"], r["num_stages"], r["splits"]) == (32, 4, 0, 0)), None
         )
         print(f"\n{key[0]} b={key[1]} {key[2]}-major {key[3]} layer{' (pages shuffled)' if key[4] else ''}:"
               f" default {default['us']:.1f} us ({default['tb_s']:.2f} TB/s)" if default else "")  # fmt: skip

@@ -85,18 +85,20 @@ def programs_out_of_order(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(builder, "set_grid_idx", lambda x, y, z: set_idx(*order[(x, y, z)]))
 
 
-@pytest.mark.parametrize(("block_n", "splits"), [(32, 1), (64, 1), (16, 2), (32, 4), (64, 8)])
+@pytest.mark.parametrize(("block_n", "splits", "stages"), [(32, 1, 0), (32, 1, 2), (64, 1, 0), (16, 2, 0), (32, 4, 2),
+                                                       (64, 8, 0)])  # fmt: skip
 @pytest.mark.parametrize(("heads", "kv_heads", "dim", "window"), [(4, 2, 64, None), (4, 1, 256, 9)])
 @pytest.mark.parametrize("merge", ["kernel", "inline"])
 @pytest.mark.usefixtures("programs_out_of_order")
 def test_decode_launch_configurations_agree(
-    block_n: int, splits: int, heads: int, kv_heads: int, dim: int, window: int | None, merge: str,
+    block_n: int, splits: int, stages: int, heads: int, kv_heads: int, dim: int, window: int | None, merge: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:  # fmt: skip
     """One split writes the output itself; more go through the merge kernel or the inline
-    merge (the last program of a token's KV head): all, at any block size, equal the reference
-    (splits that get no keys included: 8 splits of 20 keys), and the inline merge leaves its
-    arrival counters at zero for the next launch (run twice)."""
+    merge (the last program of a token's KV head): all, at any block size and with two
+    pipeline stages or the kernel's own choice (on a GPU; the interpreter has no pipeline),
+    equal the reference (splits that get no keys included: 8 splits of 20 keys), and the
+    inline merge leaves its arrival counters at zero for the next launch (run twice)."""
     from aserve.attention import triton_paged
 
     monkeypatch.setattr(triton_paged, "DECODE_MERGE", merge)
@@ -105,11 +107,23 @@ def test_decode_launch_configurations_agree(
     _, ref, (kc, vc, meta, q) = _case(3, heads, kv_heads, dim, prefix, [1] * 4, window)
     for _ in range(2):
         out = _decode(q, kc, vc, meta.req_to_token, meta.req_pool_indices, meta.seq_lens, 128, dim**-0.5, window,
-                      torch.full_like(q, float("nan")), DecodeLaunch(block_n=block_n, splits=splits))  # fmt: skip
+                      torch.full_like(q, float("nan")), DecodeLaunch(block_n=block_n, num_stages=stages, splits=splits))  # fmt: skip
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     counters = list(triton_paged._ARRIVALS.values())
     assert len(counters) == (merge == "inline" and splits > 1)
     assert all(c.shape == (4 * kv_heads,) and (c == 0).all() for c in counters)
+
+
+def test_decode_stages_two_for_narrow_heads_on_large_grids() -> None:
+    """The stage rule measured on an H100 host (docs/benchmarks.md, thirty-fourth session):
+    two stages for heads of 64 or less from 2,048 programs (Llama 3.2 1B at 256 rows), three for
+    fewer programs (64 rows) or wider heads (Gemma 3 270M's 256); a launch that names its stages
+    keeps them."""
+    from aserve.attention.triton_paged import decode_stages
+
+    assert decode_stages(64, 256 * 8) == 2 and decode_stages(64, 512 * 8) == 2
+    assert decode_stages(64, 64 * 8) == 3 and decode_stages(256, 256 * 2) == 3 and decode_stages(256, 4096) == 3
+    assert DecodeLaunch().num_stages == 0  # the rule's, unless ASERVE_DECODE_LAUNCH names stages
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs and the GPU's own program order")
