@@ -316,7 +316,7 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, table
     group = h // hkv
     cfg = launch or DECODE_LAUNCH
     splits = cfg.splits or num_decode_splits(t, hkv, bound)
-    # One split: the kernel writes ``out``; more: partial outputs merged by a second kernel.
+    # One split: the kernel writes ``out``; more: partial outputs, merged inline or by a second kernel.
     mid_o = torch.empty(t, h, splits, d, dtype=torch.float32, device=q.device) if splits > 1 else out
     mid_lse = torch.empty(t, h, splits, dtype=torch.float32, device=q.device) if splits > 1 else out
     count = _arrivals(q.device, t * hkv) if splits > 1 and DECODE_MERGE == "inline" else None

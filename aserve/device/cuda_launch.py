@@ -19,10 +19,8 @@ import torch
 
 from aserve.device import forward
 from aserve.device.automata import AutomatonRows, DevicePath
-from aserve.device.decode_graphs import DecodeGraphs
 from aserve.device.events import CudaEventWaiter, DeviceEvent, cuda_record
 from aserve.device.forward import StepForward
-from aserve.device.future_map import FutureMap
 from aserve.device.inputs import DeviceInputs, StepInputs
 from aserve.device.staging import PinnedStaging
 from aserve.device.step import OUTPUT_NAMES, Step, StepOutputs
@@ -38,22 +36,18 @@ class CudaLaunch:
 
     def __init__(
         self,
-        device: torch.device,
         work: StepForward,
         automata: DevicePath,
-        future_map: FutureMap,
-        decode_graphs: DecodeGraphs | None,
         staging: PinnedStaging,
         out_staging: PinnedStaging,
         streams: tuple[torch.cuda.Stream, torch.cuda.Stream, torch.cuda.Stream],
         cuda_waiter: CudaEventWaiter | None,
         event_poll_s: float,
     ) -> None:
-        self.device = device
         self.work = work
         self.automata = automata
-        self.future_map = future_map
-        self.decode_graphs = decode_graphs
+        # The step's device, mailboxes and graphs: the forward's own.
+        self.device, self.future_map, self.decode_graphs = work.device, work.future_map, work.decode_graphs
         self.staging = staging
         self.out_staging = out_staging
         self.schedule_stream, self.forward_stream, self.copy_stream = streams

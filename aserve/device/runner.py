@@ -86,8 +86,8 @@ class ModelRunner:
             self._clock_base.record(self.forward_stream)
             self._clock_base.synchronize()
             self._clock_host = time.perf_counter()
-            self._cuda = CudaLaunch(device, self.work, self.automata, future_map, decode_graphs, self.staging,
-                                    self.out_staging, streams, cuda_waiter, event_poll_s)  # fmt: skip
+            self._cuda = CudaLaunch(self.work, self.automata, self.staging, self.out_staging, streams, cuda_waiter,
+                                    event_poll_s)  # fmt: skip
 
     def device_clock(self, event: DeviceEvent) -> float:
         """When the device passed ``event``, on the host clock (``time.perf_counter``). On
