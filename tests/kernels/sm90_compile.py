@@ -40,7 +40,7 @@ def _signature(kernel: Any, pointers: dict[str, str], constexprs: dict[str, Any]
 
 def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
     from aserve.attention import triton_paged as tp
-    from aserve.kernels import bitmask, fused
+    from aserve.kernels import bitmask, fused, linear
 
     out: list[tuple[str, Any, dict[str, str], dict[str, Any]]] = []
     for dtype in ("bfloat16", "float32"):
@@ -87,6 +87,11 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                 out.append((f"gate_up gelu={gelu} bm={bm} {dtype}", fused._gate_up_kernel,
                             {"X": act, "W": act, "Y": act},
                             {"GELU": gelu, "BM": bm, "BN": 64, "BK": 64, "PRECISION": prec, "PDL": gelu}))  # fmt: skip
+        for bm, bn, bk in ((64, 32, 128), (128, 128, 64), (32, 64, 128)):
+            for y in (act, "*fp32"):  # the product, or split-K's float32 partial products
+                out.append((f"linear {bm}x{bn}x{bk} y={y} {dtype}", linear._linear_kernel,
+                            {"X": act, "W": act, "Y": y},
+                            {"BM": bm, "BN": bn, "BK": bk, "PRECISION": prec, "PDL": y == act}))  # fmt: skip
         # (query heads, KV heads, head_dim / 2, per-head q/k norm): Gemma 3 270M, Llama 3.2 1B.
         for h, hkv, half, norm in ((4, 1, 128, True), (32, 8, 32, False)):
             ptrs = {n: act for n in ("QKV", "QW", "KW", "Cos", "Sin", "Q", "KC", "VC")} | {"Slots": "*i64"}
