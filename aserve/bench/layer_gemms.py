@@ -88,10 +88,12 @@ def main() -> None:
     ap.add_argument("--batches", default="64,256,512")
     ap.add_argument("--splits", default="1,2,4")
     ap.add_argument("--stages", default="3")
+    ap.add_argument("--tiles", default=",".join("x".join(map(str, t)) for t in TILES), help="BMxBNxBK,...")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args()
     ints = lambda text: [int(v) for v in text.split(",")]  # noqa: E731
-    launches = configs(TILES, ints(args.splits), ints(args.stages))
+    tiles = tuple(tuple(int(v) for v in t.split("x")) for t in args.tiles.split(","))
+    launches = configs(tiles, ints(args.splits), ints(args.stages))  # type: ignore[arg-type]
     results: dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "aserve": aserve.__version__,
                                "torch": torch.__version__, "device": args.device, "rows": []}  # fmt: skip
     if args.device == "cuda":

@@ -68,16 +68,22 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, gemma: bool) -> t
 
 @triton.jit
 def _add_rmsnorm_kernel(
-    X, R, WX, W, H, Y, stride_x, stride_r, stride_h, stride_y, dim, eps,
-    GEMMA: tl.constexpr, NORM_X: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
+    X, R, WX, W, H, Y, stride_xs, stride_x, stride_r, stride_h, stride_y, dim, eps,
+    GEMMA: tl.constexpr, NORM_X: tl.constexpr, SPLITS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    """h = residual + (norm_x(x) if NORM_X else x), rounded; y = norm(h). One row per program."""
+    """h = residual + (norm_x(x) if NORM_X else x), rounded; y = norm(h). One row per program.
+    SPLITS > 1: x is the sum of a split-K GEMM's float32 partial products (X[s], ``stride_xs``
+    apart), rounded to the model's dtype once, as the GEMM's own output would be."""
     wait_for_prior(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
     dt = H.dtype.element_ty
     x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    if SPLITS > 1:
+        for s in tl.static_range(1, SPLITS):
+            x += tl.load(X + s * stride_xs + row * stride_x + cols, mask=mask, other=0.0)
+        x = x.to(dt).to(tl.float32)
     if NORM_X:
         wx = tl.load(WX + cols, mask=mask, other=0.0)
         x = _norm_row(x, wx, dim, eps, GEMMA, dt).to(tl.float32)
@@ -95,18 +101,24 @@ def add_rmsnorm(
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """``h = residual + x`` (Gemma: ``residual + norm_x(x)`` with ``x_weight``), ``y = norm(h)``.
 
-    x, residual: [T, dim] -> (h, y), both [T, dim] in x's dtype; one kernel instead of the
-    eager add and norm(s). Rounds where the eager modules do, so h is bit-identical to them."""
-    t, dim = x.shape
-    x = x if x.stride(-1) == 1 else x.contiguous()
+    x, residual: [T, dim] -> (h, y), both [T, dim] in residual's dtype; one kernel instead of
+    the eager add and norm(s). Rounds where the eager modules do, so h is bit-identical to them.
+    x may also be a split-K GEMM's float32 partial products [S, T, dim] (``kernels.linear``):
+    their sum, rounded to residual's dtype, is the x added."""
+    t, dim = residual.shape
+    splits = x.shape[0] if x.dim() == 3 else 1
+    x3 = x if x.dim() == 3 else x.unsqueeze(0)
+    assert x3.shape[1:] == (t, dim), (tuple(x.shape), t, dim)
+    x3 = x3 if x3.stride(-1) == 1 else x3.contiguous()
     residual = residual if residual.stride(-1) == 1 else residual.contiguous()
-    h = torch.empty((t, dim), dtype=x.dtype, device=x.device)
+    h = torch.empty((t, dim), dtype=residual.dtype, device=residual.device)
     y = torch.empty_like(h)
     if t:
         _add_rmsnorm_kernel[(t,)](
-            x, residual, weight if x_weight is None else x_weight, weight, h, y,
-            x.stride(0), residual.stride(0), h.stride(0), y.stride(0), dim, eps,
-            GEMMA=gemma, NORM_X=x_weight is not None, BLOCK=triton.next_power_of_2(dim), **launch_args(x),
+            x3, residual, weight if x_weight is None else x_weight, weight, h, y,
+            x3.stride(0), x3.stride(1), residual.stride(0), h.stride(0), y.stride(0), dim, eps,
+            GEMMA=gemma, NORM_X=x_weight is not None, SPLITS=splits, BLOCK=triton.next_power_of_2(dim),
+            **launch_args(residual),
         )  # fmt: skip
     return h, y
 

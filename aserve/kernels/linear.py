@@ -1,5 +1,5 @@
 """A Triton GEMM for a decode step's small layer projections, with split-K (issue 15, measured
-against cuBLAS by ``python -m aserve.bench.layer_gemms``; not used by the model yet).
+against cuBLAS by ``python -m aserve.bench.layer_gemms``).
 
 At 256 rows the Gemma 3 270M shape's projections (hidden 640) are latency-bound: cuBLAS spends
 ~5 us on each where their weights take under 1 us to read, and a handful of output tiles leave
@@ -7,10 +7,16 @@ most SMs idle. ``linear`` tiles the output small and may split K across programs
 ``split_k`` > 1 each program writes its part of the product in float32 to its own slice of a
 [split_k, M, N] buffer, for a consumer that sums the slices as it reads them (the norm or
 activation kernel after the GEMM), so no reduction kernel or atomics are needed.
+
+The model uses it for the projections whose consumer is the fused residual add + norm (the
+attention's output projection and the MLP's down projection: ``layers.project``), where
+:func:`split_k_launch` picks a launch for the step's shape; elsewhere cuBLAS. ``ASERVE_SPLIT_K=0``
+(read at import) keeps cuBLAS everywhere.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +24,8 @@ import triton
 import triton.language as tl
 
 from aserve.kernels.pdl import launch_args, wait_for_prior
+
+ON = os.environ.get("ASERVE_SPLIT_K", "1") == "1"
 
 
 @dataclass(frozen=True)
@@ -89,3 +97,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch = LinearL
             num_warps=launch.num_warps, num_stages=launch.num_stages, **launch_args(x),
         )  # fmt: skip
     return y
+
+
+def split_k_launch(m: int, n: int, k: int, dtype: torch.dtype) -> LinearLaunch | None:
+    """The split-K launch for a [m, k] x [k, n] product feeding the fused add + norm, or None
+    where cuBLAS is as fast or faster. From the layer GEMMs measured alone (docs/benchmarks.md,
+    thirty-fifth session, ``python -m aserve.bench.layer_gemms``): at 64 rows four splits of
+    64 x 32 tiles beat cuBLAS on both shapes' output and down projections (Gemma 3 270M's by ~2 us
+    of ~4-6, Llama 3.2 1B's by 1-2.5 us); up to 256 rows, narrow outputs (Gemma's 640) still gain
+    with 64 x 64 tiles (output projection 3.2 against 4.5 us, down 5.3 against 6.1); wider
+    outputs and 512 rows are cuBLAS's."""
+    if not ON or dtype not in (torch.bfloat16, torch.float16):
+        return None
+    if m <= 64:
+        launch = LinearLaunch(block_m=64, block_n=32, block_k=128, split_k=4)
+    elif m <= 256 and n <= 1024:
+        launch = LinearLaunch(block_m=64, block_n=64, block_k=128, split_k=2 if k <= 1024 else 4)
+    else:
+        return None
+    return launch if k >= launch.split_k * launch.block_k else None

@@ -58,9 +58,12 @@ class DecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # h: the residual stream [T, hidden]; x = input_layernorm(h).
         # Returns (h', next_norm(h')): the next layer's input.
+        # The output and down projections may hand the fused add + norm split-K partial
+        # products (layers.project), which only its fused kernel reads.
         attn_out_norm, mlp_in_norm, mlp_out_norm = self.norms()
-        h, x = add_norm(self.self_attn(x, cos_sin, meta, kv), h, mlp_in_norm, x_norm=attn_out_norm)
-        return add_norm(self.mlp(x), h, next_norm, x_norm=mlp_out_norm)
+        attn = self.self_attn(x, cos_sin, meta, kv, partial=mlp_in_norm.fused)
+        h, x = add_norm(attn, h, mlp_in_norm, x_norm=attn_out_norm)
+        return add_norm(self.mlp(x, partial=next_norm.fused), h, next_norm, x_norm=mlp_out_norm)
 
 
 class DecoderModel(nn.Module):

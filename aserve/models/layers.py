@@ -57,11 +57,27 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def project(proj: nn.Module, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
+    """``proj(x)``. With ``partial`` (the result goes straight into a fused :func:`add_norm`), on
+    CUDA, for a plain ``nn.Linear`` where ``kernels.linear.split_k_launch`` picks a launch for
+    this shape: the split-K GEMM's float32 partial products [S, T, N] instead, which the fused
+    add + norm kernel sums as it reads them."""
+    if partial and x.is_cuda and isinstance(proj, nn.Linear) and proj.bias is None and x.dim() == 2:
+        from aserve.kernels.linear import linear, split_k_launch
+
+        n, k = proj.weight.shape
+        launch = split_k_launch(x.shape[0], n, k, x.dtype)
+        if launch is not None and proj.weight.dtype == x.dtype:
+            return linear(x, proj.weight, launch)
+    return proj(x)
+
+
 def add_norm(
     x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm, x_norm: RMSNorm | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The residual add and the next norm: ``h = residual + x`` (``residual + x_norm(x)`` for
-    Gemma's sandwich norms), returns ``(h, norm(h))``. One kernel when fused."""
+    Gemma's sandwich norms), returns ``(h, norm(h))``. One kernel when fused, which also takes
+    ``x`` as split-K partial products (:func:`project`)."""
     if norm.fused:
         assert x_norm is None or x_norm.eps == norm.eps
         xw = None if x_norm is None else x_norm.weight
@@ -226,20 +242,20 @@ class GatedMLP(nn.Module):
             self.gate_proj.weight.data, self.up_proj.weight.data = w[:inter], w[inter:]
             self.gate_up_weight = w
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: [T, hidden]
+    def forward(self, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
+        # x: [T, hidden] -> [T, hidden]; with partial, maybe split-K partials (see project)
         if self.fused:
             if self.gate_up_weight is not None and x.is_cuda and _MLP_KERNEL:
                 from aserve.kernels.fused import gate_up_gated
 
-                return self.down_proj(gate_up_gated(x, self.gate_up_weight, self.act))
+                return project(self.down_proj, gate_up_gated(x, self.gate_up_weight, self.act), partial)
             if self.gate_up_weight is not None:
                 inter = self.gate_proj.weight.shape[0]
                 gu = F.linear(x, self.gate_up_weight)  # [T, 2 * inter]
                 gate, up = gu[:, :inter], gu[:, inter:]
             else:
                 gate, up = self.gate_proj(x), self.up_proj(x)
-            return self.down_proj(fused_kernels(x).gated(gate, up, self.act))
+            return project(self.down_proj, fused_kernels(x).gated(gate, up, self.act), partial)
         gate = self.gate_proj(x)  # [T, inter]
         gate = F.gelu(gate, approximate="tanh") if self.act == "gelu_tanh" else F.silu(gate)
         return self.down_proj(gate * self.up_proj(x))
@@ -305,11 +321,12 @@ class PagedSelfAttention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         kv: tuple[torch.Tensor, torch.Tensor],
+        partial: bool = False,
     ) -> torch.Tensor:
-        # x: [T, hidden]
+        # x: [T, hidden] -> [T, hidden]; with partial, maybe split-K partials (see project)
         t = x.shape[0]
         if self.fused and self.qkv_weight is not None and meta.backend == "triton" and self.softcap is None:
-            return self._forward_fused(x, cos_sin, meta, kv)
+            return self._forward_fused(x, cos_sin, meta, kv, partial)
         h, hkv, d = self.num_heads, self.num_kv_heads, self.head_dim
         if self.fused and self.qkv_weight is not None:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -338,7 +355,7 @@ class PagedSelfAttention(nn.Module):
             out = attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)
         else:
             out = paged_attention(q, k, v, kv[0], kv[1], meta, self.scale, self.sliding_window, self.softcap)
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return project(self.o_proj, out.reshape(t, self.num_heads * self.head_dim), partial)
 
     def _forward_fused(
         self,
@@ -346,6 +363,7 @@ class PagedSelfAttention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         meta: AttentionMetadata,
         kv: tuple[torch.Tensor, torch.Tensor],
+        partial: bool = False,
     ) -> torch.Tensor:
         """One GEMM for q/k/v, one kernel for norms + rotary + cache write, then attention:
         the same arithmetic as ``forward``'s fused-op path in three launches instead of ~8."""
@@ -363,7 +381,7 @@ class PagedSelfAttention(nn.Module):
             cos_sin[0], cos_sin[1], meta.out_cache_loc, kv[0], kv[1],
         )  # fmt: skip
         out = attend_triton(q, kv[0], kv[1], meta, self.scale, self.sliding_window)  # [T, H, D]
-        return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+        return project(self.o_proj, out.reshape(t, self.num_heads * self.head_dim), partial)
 
 
 def set_fused_ops(model: nn.Module, on: bool) -> None:

@@ -70,10 +70,13 @@ def configurations() -> list[tuple[str, Any, dict[str, str], dict[str, Any]]]:
                 out.append((f"rmsnorm gemma={gemma} dim={dim} {dtype}", fused._rmsnorm_kernel,
                             {"X": act, "W": act, "Y": act},
                             {"GEMMA": gemma, "BLOCK": 1024 if dim == 640 else 2048, "PDL": gemma}))  # fmt: skip
-                out.append((f"add_rmsnorm gemma={gemma} dim={dim} {dtype}", fused._add_rmsnorm_kernel,
-                            {"X": act, "R": act, "WX": act, "W": act, "H": act, "Y": act},
-                            {"GEMMA": gemma, "NORM_X": gemma, "BLOCK": 1024 if dim == 640 else 2048,
-                             "PDL": not gemma}))  # fmt: skip
+                for splits in (1, 4):
+                    out.append((f"add_rmsnorm gemma={gemma} dim={dim} splits={splits} {dtype}",
+                                fused._add_rmsnorm_kernel,
+                                {"X": act if splits == 1 else "*fp32", "R": act, "WX": act, "W": act, "H": act,
+                                 "Y": act},
+                                {"GEMMA": gemma, "NORM_X": gemma, "SPLITS": splits,
+                                 "BLOCK": 1024 if dim == 640 else 2048, "PDL": not gemma}))  # fmt: skip
         for half in (32, 128):
             out.append((f"rotary half={half} {dtype}", fused._rotary_kernel,
                         {"X": act, "Cos": act, "Sin": act, "Y": act}, {"HALF": half}))  # fmt: skip

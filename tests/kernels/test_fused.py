@@ -88,6 +88,30 @@ def test_add_rmsnorm_matches_eager_add_and_norms(dtype: torch.dtype, gemma: bool
     torch.testing.assert_close(y, y_ref, **_tol(dtype))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("gemma", [False, True])
+@pytest.mark.parametrize("splits", [2, 3])
+def test_add_rmsnorm_sums_split_k_partials(dtype: torch.dtype, gemma: bool, splits: int) -> None:
+    """x as a split-K GEMM's float32 partials [S, T, dim]: the same (h, y) as x = their sum
+    rounded to the model's dtype."""
+    from aserve.kernels.fused import add_rmsnorm
+
+    g = torch.Generator().manual_seed(splits + 10 * gemma)
+    t, dim = 5, 640
+    w = (torch.randn(dim, generator=g) * 0.3).to(DEVICE, dtype)
+    xw = (torch.randn(dim, generator=g) * 0.3).to(DEVICE, dtype) if gemma else None
+    parts = (torch.randn(splits, t, dim, generator=g) * 2).to(DEVICE)
+    r = (torch.randn(t, dim, generator=g) * 5).to(DEVICE, dtype)
+    x = parts[0].clone()
+    for s in range(1, splits):  # the kernel's order of summation
+        x += parts[s]
+    h_ref, y_ref = add_rmsnorm(x.to(dtype), r, w, 1e-6, gemma, xw)
+    h, y = add_rmsnorm(parts, r, w, 1e-6, gemma, xw)
+    assert h.dtype == y.dtype == dtype and h.shape == y.shape == (t, dim)
+    torch.testing.assert_close(h, h_ref, rtol=0, atol=0)
+    torch.testing.assert_close(y, y_ref, rtol=0, atol=0)
+
+
 def test_add_rmsnorm_writes_every_element(monkeypatch: pytest.MonkeyPatch) -> None:
     import aserve.kernels.fused as fused
 
