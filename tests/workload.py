@@ -75,6 +75,21 @@ async def complete_all(
     return [out[i] for i in range(len(prompts))]
 
 
+def cuda_graph_tokens(path: Any, prompts: Sequence[list[int]]) -> list[list[int]]:
+    """A float32 CUDA engine on ``path``'s model: every prompt with ``mixed_params``, all at
+    once (decode graphs on; asserted to have run), in prompt order. For engine-equality tests
+    of a kernel setting (its tokens with the setting against without)."""
+
+    async def run() -> list[list[int]]:
+        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", max_running_requests=16,
+                                 max_context=256) as engine:  # fmt: skip
+            out = await complete_all(engine, prompts, mixed_params)
+            assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
+            return out
+
+    return anyio.run(run)
+
+
 async def complete_each(engine: aserve.Engine, prompts: list[list[int]], params: aserve.SamplingParams) -> list[Any]:
     """Each prompt's result, or the exception it raised (anything but cancellation), all at once."""
     out: list[Any] = [None] * len(prompts)

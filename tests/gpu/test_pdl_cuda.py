@@ -5,13 +5,11 @@ do not depend on how arrivals group into steps)."""
 
 from __future__ import annotations
 
-import anyio
 import pytest
 import torch
 
-import aserve
 from aserve.kernels import fused, pdl
-from tests.workload import complete_all, mixed_params, mixed_prompts
+from tests.workload import cuda_graph_tokens, mixed_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -20,13 +18,6 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 def test_pdl_gives_the_same_tokens(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, model: str) -> None:
     path, _ = request.getfixturevalue(model)
     prompts = mixed_prompts(7)
-
-    async def run() -> list[list[int]]:
-        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", max_running_requests=16,
-                                 max_context=256) as engine:  # fmt: skip
-            out = await complete_all(engine, prompts, mixed_params)
-            assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
-            return out
 
     launched: list[bool] = []  # the fused norms' launches, with PDL or not
 
@@ -37,9 +28,9 @@ def test_pdl_gives_the_same_tokens(request: pytest.FixtureRequest, monkeypatch: 
 
     monkeypatch.setattr(fused, "launch_args", args)
     monkeypatch.setattr(pdl, "ON", False)
-    without = anyio.run(run)
+    without = cuda_graph_tokens(path, prompts)
     assert launched and not any(launched)
     launched.clear()
     monkeypatch.setattr(pdl, "ON", True)
-    assert anyio.run(run) == without
+    assert cuda_graph_tokens(path, prompts) == without
     assert launched and all(launched)

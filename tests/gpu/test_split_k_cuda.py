@@ -6,15 +6,13 @@ tokens equal to cuBLAS's)."""
 
 from __future__ import annotations
 
-import anyio
 import pytest
 import torch
 
-import aserve
 from aserve.kernels import linear as linear_mod
 from aserve.kernels.linear import LinearLaunch
 from aserve.models.layers import GatedMLP, RMSNorm, add_norm, project, set_fused_ops
-from tests.workload import complete_all, mixed_params, mixed_prompts
+from tests.workload import cuda_graph_tokens, mixed_prompts
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -57,15 +55,8 @@ def test_engine_tokens_with_split_k_projections(
     path, _ = request.getfixturevalue(model)
     prompts = mixed_prompts(11)
 
-    async def run() -> list[list[int]]:
-        async with aserve.Engine(model=str(path), device="cuda", dtype="float32", max_running_requests=16,
-                                 max_context=256) as engine:  # fmt: skip
-            out = await complete_all(engine, prompts, mixed_params)
-            assert engine.runner.decode_graphs is not None and engine.runner.decode_graphs.runs > 0
-            return out
-
     monkeypatch.setattr(linear_mod, "ON", False)
-    without = anyio.run(run)
+    without = cuda_graph_tokens(path, prompts)
     calls: list[int] = []
     real_linear = linear_mod.linear
 
@@ -76,5 +67,5 @@ def test_engine_tokens_with_split_k_projections(
     # The tiny models' projections (K of 64 and 128) are below the rule's sizes: force a launch.
     monkeypatch.setattr(linear_mod, "split_k_launch", lambda m, n, k, dtype: LinearLaunch(16, 16, 32, split_k=2))
     monkeypatch.setattr(linear_mod, "linear", counted)
-    assert anyio.run(run) == without
+    assert cuda_graph_tokens(path, prompts) == without
     assert calls
