@@ -106,7 +106,8 @@ def split_k_launch(m: int, n: int, k: int, dtype: torch.dtype) -> LinearLaunch |
     64 x 32 tiles beat cuBLAS on both shapes' output and down projections (Gemma 3 270M's by ~2 us
     of ~4-6, Llama 3.2 1B's by 1-2.5 us); up to 256 rows, narrow outputs (Gemma's 640) still gain
     with 64 x 64 tiles (output projection 3.2 against 4.5 us, down 5.3 against 6.1); wider
-    outputs and 512 rows are cuBLAS's."""
+    outputs and 512 rows are cuBLAS's. In whole decode steps on an H100: Gemma's 6% shorter at
+    64 rows and 4% at 128, the same at 256; Llama's 1.5% shorter at 64 rows."""
     if not ON or dtype not in (torch.bfloat16, torch.float16):
         return None
     if m <= 64:

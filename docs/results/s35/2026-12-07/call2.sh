@@ -1,5 +1,5 @@
 #!/bin/bash
-# Session 35 (issue 15): split-K output and down projections (kernels/linear.py, layers.project;
+# Prepared in session 35, NOT RUN (the device time went to call 3, its cut-down form). Issue 15: split-K output and down projections (kernels/linear.py, layers.project;
 # their partials summed by the fused add + norm). The GPU tests of the new path; the two
 # projections alone at many batch sizes (for the rule's edges); floors with split-K against
 # ASERVE_SPLIT_K=0 (cuBLAS), taking turns; decode runs at 64 / 256 rows, both settings.
