@@ -67,7 +67,7 @@ def project(proj: nn.Module, x: torch.Tensor, partial: bool = False) -> torch.Te
 
         n, k = proj.weight.shape
         launch = split_k_launch(x.shape[0], n, k, x.dtype)
-        if launch is not None and proj.weight.dtype == x.dtype:
+        if launch is not None and proj.weight.dtype == x.dtype and proj.weight.stride(-1) == 1:
             return linear(x, proj.weight, launch)
     return proj(x)
 
