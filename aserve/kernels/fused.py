@@ -79,10 +79,11 @@ def _add_rmsnorm_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < dim
     dt = H.dtype.element_ty
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    x_row = X + row * stride_x + cols
+    x = tl.load(x_row, mask=mask, other=0.0).to(tl.float32)
     if SPLITS > 1:
         for s in tl.static_range(1, SPLITS):
-            x += tl.load(X + s * stride_xs + row * stride_x + cols, mask=mask, other=0.0)
+            x += tl.load(x_row + s * stride_xs.to(tl.int64), mask=mask, other=0.0)
         x = x.to(dt).to(tl.float32)
     if NORM_X:
         wx = tl.load(WX + cols, mask=mask, other=0.0)
@@ -107,6 +108,7 @@ def add_rmsnorm(
     their sum, rounded to residual's dtype, is the x added."""
     t, dim = residual.shape
     splits = x.shape[0] if x.dim() == 3 else 1
+    assert x.dtype == (torch.float32 if x.dim() == 3 else residual.dtype), (x.dtype, residual.dtype)
     x3 = x if x.dim() == 3 else x.unsqueeze(0)
     assert x3.shape[1:] == (t, dim), (tuple(x.shape), t, dim)
     x3 = x3 if x3.stride(-1) == 1 else x3.contiguous()

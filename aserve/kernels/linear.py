@@ -81,8 +81,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, launch: LinearLaunch = LinearL
     assert weight.shape[1] == k and weight.stride(-1) == 1, (tuple(weight.shape), k)
     x = x if x.stride(-1) == 1 else x.contiguous()
     splits = max(1, launch.split_k)
-    # Each split's K range is a whole number of K steps, so only the last one can be short.
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), launch.block_k) * launch.block_k
+    k_per_split = _k_per_split(k, splits, launch.block_k)
     dtype = x.dtype if splits == 1 else torch.float32
     shape = (m, n) if splits == 1 else (splits, m, n)
     y = out if out is not None else torch.empty(shape, dtype=dtype, device=x.device)
@@ -116,4 +115,11 @@ def split_k_launch(m: int, n: int, k: int, dtype: torch.dtype) -> LinearLaunch |
         launch = LinearLaunch(block_m=64, block_n=64, block_k=128, split_k=2 if k <= 1024 else 4)
     else:
         return None
-    return launch if k >= launch.split_k * launch.block_k else None
+    # Every split must have K to walk (an empty one only writes zeros for the norm to read).
+    return launch if (launch.split_k - 1) * _k_per_split(k, launch.split_k, launch.block_k) < k else None
+
+
+def _k_per_split(k: int, splits: int, block_k: int) -> int:
+    """Each split's K range: a whole number of K steps, so only the last split is short (or,
+    where K has fewer steps than splits, empty: ``linear`` then writes its slice as zeros)."""
+    return triton.cdiv(triton.cdiv(k, splits), block_k) * block_k

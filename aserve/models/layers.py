@@ -59,10 +59,10 @@ class RMSNorm(nn.Module):
 
 def project(proj: nn.Module, x: torch.Tensor, partial: bool = False) -> torch.Tensor:
     """``proj(x)``. With ``partial`` (the result goes straight into a fused :func:`add_norm`), on
-    CUDA, for a plain ``nn.Linear`` where ``kernels.linear.split_k_launch`` picks a launch for
+    CUDA, for a plain ``nn.Linear`` (not a subclass, no bias) where ``kernels.linear.split_k_launch`` picks a launch for
     this shape: the split-K GEMM's float32 partial products [S, T, N] instead, which the fused
     add + norm kernel sums as it reads them."""
-    if partial and x.is_cuda and isinstance(proj, nn.Linear) and proj.bias is None and x.dim() == 2:
+    if partial and x.is_cuda and type(proj) is nn.Linear and proj.bias is None and x.dim() == 2:
         from aserve.kernels.linear import linear, split_k_launch
 
         n, k = proj.weight.shape

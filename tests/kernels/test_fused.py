@@ -88,19 +88,19 @@ def test_add_rmsnorm_matches_eager_add_and_norms(dtype: torch.dtype, gemma: bool
     torch.testing.assert_close(y, y_ref, **_tol(dtype))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float16])
 @pytest.mark.parametrize("gemma", [False, True])
 @pytest.mark.parametrize("splits", [2, 3])
 def test_add_rmsnorm_sums_split_k_partials(dtype: torch.dtype, gemma: bool, splits: int) -> None:
-    """x as a split-K GEMM's float32 partials [S, T, dim]: the same (h, y) as x = their sum
-    rounded to the model's dtype."""
+    """x as a split-K GEMM's float32 partials [S, T, dim] (here strided: rows 648 apart): the
+    same (h, y) as x = their sum rounded to the model's dtype."""
     from aserve.kernels.fused import add_rmsnorm
 
     g = torch.Generator().manual_seed(splits + 10 * gemma)
     t, dim = 5, 640
     w = (torch.randn(dim, generator=g) * 0.3).to(DEVICE, dtype)
     xw = (torch.randn(dim, generator=g) * 0.3).to(DEVICE, dtype) if gemma else None
-    parts = (torch.randn(splits, t, dim, generator=g) * 2).to(DEVICE)
+    parts = (torch.randn(splits, t, dim + 8, generator=g) * 2).to(DEVICE)[..., :dim]
     r = (torch.randn(t, dim, generator=g) * 5).to(DEVICE, dtype)
     x = parts[0].clone()
     for s in range(1, splits):  # the kernel's order of summation
