@@ -10,7 +10,10 @@ Each GEMM is timed over as many distinct weights as the shape has layers, in tur
 CUDA graph and replayed (``gpu_workloads.graph_time_us``), so the weights come from HBM as in a
 step rather than from L2. A split-K time is the partial products' kernel alone: the sum over the
 splits is left to the GEMM's consumer (a norm or activation kernel that reads the [S, M, N]
-float32 slices), whose extra bytes the table names. Prints a table, writes JSON. GPU only.
+float32 slices). The output and down projections are also timed with that consumer, the fused
+residual add + norm, after them (``with_norm_us``): what a step pays, the partials' extra bytes
+included. Prints a table, writes JSON. Meant for a GPU (on a CPU the Triton kernels run in
+Triton's interpreter, ``TRITON_INTERPRET=1``: a check that the script runs, not a timing).
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ import torch.nn.functional as F
 import aserve
 from aserve.bench.checkpoints import SHAPES
 from aserve.bench.gpu_workloads import graph_time_us
+from aserve.kernels.fused import add_rmsnorm
 from aserve.kernels.linear import LinearLaunch, linear
 
+NORMED = ("o", "down")  # the projections whose output goes to the fused add + norm
 TILES = ((64, 32, 128), (64, 64, 64), (64, 64, 128), (64, 128, 64), (128, 64, 64), (128, 128, 64), (32, 64, 128))
 
 
@@ -49,13 +54,15 @@ def configs(tiles: tuple[tuple[int, int, int], ...], splits: list[int], stages: 
     ]
 
 
-def time_gemm(shape: str, name: str, batch: int, launches: list[LinearLaunch], device: str) -> list[dict[str, Any]]:
-    """cuBLAS and each launch on one GEMM of ``shape`` at ``batch`` rows (bf16)."""
+def time_gemm(
+    shape: str, name: str, batch: int, launches: list[LinearLaunch], device: str, dtype: torch.dtype = torch.bfloat16
+) -> list[dict[str, Any]]:
+    """cuBLAS and each launch on one GEMM of ``shape`` at ``batch`` rows."""
     n, k = gemms(shape)[name]
     layers = int(SHAPES[shape]["num_hidden_layers"])
     gen = torch.Generator(device=device).manual_seed(0)
-    ws = [torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * k**-0.5 for _ in range(layers)]
-    x = torch.randn(batch, k, device=device, dtype=torch.bfloat16, generator=gen)
+    ws = [torch.randn(n, k, device=device, dtype=dtype, generator=gen) * k**-0.5 for _ in range(layers)]
+    x = torch.randn(batch, k, device=device, dtype=dtype, generator=gen)
     ref = F.linear(x, ws[0]).float()
     base = {"shape": shape, "gemm": name, "batch": batch, "n": n, "k": k, "weight_mb": n * k * 2 / 1e6}
 
@@ -63,7 +70,21 @@ def time_gemm(shape: str, name: str, batch: int, launches: list[LinearLaunch], d
         it = itertools.cycle(ws)
         return lambda: fn(next(it))
 
+    # The output and down projections' consumer, the fused add + norm (Gemma's with its sandwich
+    # norm), timed with each GEMM too: what the step pays, partials' extra bytes included.
+    gemma = SHAPES[shape]["arch"] == "gemma3"
+    res, nw = (
+        torch.randn(batch, n, device=device, dtype=x.dtype, generator=gen),
+        torch.randn(n, device=device).to(x.dtype),
+    )
+    xw = nw.flip(0) if gemma else None
+
+    def normed(y: torch.Tensor) -> torch.Tensor:
+        return add_rmsnorm(y, res, nw, 1e-6, gemma, xw)[1]
+
     rows = [{**base, "kernel": "cublas", "us": graph_time_us(rotating(lambda w: F.linear(x, w)), device, reps=layers)}]
+    if name in NORMED:
+        rows[0]["with_norm_us"] = graph_time_us(rotating(lambda w: normed(F.linear(x, w))), device, reps=layers)
     for launch in launches:
         row: dict[str, Any] = {**base, "kernel": "triton", **launch.__dict__}
         out = torch.empty((batch, n) if launch.split_k == 1 else (launch.split_k, batch, n),
@@ -74,6 +95,10 @@ def time_gemm(shape: str, name: str, batch: int, launches: list[LinearLaunch], d
             got = out.float() if launch.split_k == 1 else out.sum(0)
             row["max_rel_diff"] = float((got - ref).abs().max() / ref.abs().max())
             row["partial_mb"] = 0.0 if launch.split_k == 1 else out.numel() * 4 / 1e6
+            if name in NORMED:
+                row["with_norm_us"] = graph_time_us(
+                    rotating(lambda w, la=launch, o=out: normed(linear(x, w, la, o))), device, reps=layers
+                )
         except Exception as e:  # out of shared memory or registers: this configuration does not run
             row["error"] = f"{type(e).__name__}: {str(e)[:120]}"
         rows.append(row)
@@ -107,7 +132,7 @@ def main() -> None:
 def table(rows: list[dict[str, Any]]) -> None:
     """Per GEMM and batch: cuBLAS, the best Triton launch without and with split-K."""
     print(f"{'shape':<12} {'gemm':<8} {'batch':>5} {'N x K':>12} {'cuBLAS us':>9} {'best 1-split':>30}"
-          f" {'best split-K':>34}")  # fmt: skip
+          f" {'best split-K':>34} {'+ add/norm: cuBLAS':>18} {'best split-K':>28}")  # fmt: skip
     keys = sorted({(r["shape"], r["gemm"], r["batch"]) for r in rows}, key=str)
     for key in keys:
         mine = [r for r in rows if (r["shape"], r["gemm"], r["batch"]) == key and "us" in r]
@@ -121,8 +146,17 @@ def table(rows: list[dict[str, Any]]) -> None:
             return (f"{r['us']:.2f} ({r['block_m']}x{r['block_n']}x{r['block_k']}"
                     f"{'/' + str(r['split_k']) if split else ''} st{r['num_stages']})")  # fmt: skip
 
+        def best_normed(mine: list[dict[str, Any]] = mine) -> str:
+            cand = [r for r in mine if r["kernel"] == "triton" and r["split_k"] > 1 and "with_norm_us" in r]
+            if not cand:
+                return "-"
+            r = min(cand, key=lambda r: r["with_norm_us"])
+            return f"{r['with_norm_us']:.2f} ({r['block_m']}x{r['block_n']}x{r['block_k']}/{r['split_k']})"
+
         nk = f"{cublas['n']}x{cublas['k']}"
-        print(f"{key[0]:<12} {key[1]:<8} {key[2]:>5} {nk:>12} {cublas['us']:>9.2f} {best(False):>30} {best(True):>34}")
+        normed = f"{cublas['with_norm_us']:.2f}" if "with_norm_us" in cublas else "-"
+        print(f"{key[0]:<12} {key[1]:<8} {key[2]:>5} {nk:>12} {cublas['us']:>9.2f} {best(False):>30} {best(True):>34}"
+              f" {normed:>18} {best_normed():>28}")  # fmt: skip
 
 
 if __name__ == "__main__":
